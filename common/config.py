@@ -1,0 +1,164 @@
+"""Typed configuration: one YAML file (`sluice.yaml`), then `SLUICE_*` environment variables, then flags.
+
+Precedence is file < environment < flags. Nested keys use `__` in the environment
+(`SLUICE_ROUTER__LISTEN=0.0.0.0:9001`). Validation lives in the models, so a bad value fails at start with
+the offending key named (`ConfigError: router.metrics_port: Input should be ...`). Nothing here is read at
+import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "SLUICE_"
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class EtcdSettings(_Section):
+    """Where the cluster registry lives."""
+
+    endpoints: list[str] = Field(default=["127.0.0.1:2379"], min_length=1)
+    """host:port of etcd members; the first reachable one is used."""
+    prefix: str = "/sluice/"
+    """Key prefix for workers/, routers/, tenants/."""
+    lease_ttl_s: int = Field(default=10, ge=2, le=300)
+    """TTL of worker and router leases; keepalive runs every TTL/3, so a frozen process vanishes after TTL."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_folder(cls, value: str) -> str:
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError("must start and end with '/'")
+        return value
+
+
+class RouterSettings(_Section):
+    """The stateless front end."""
+
+    listen: str = "0.0.0.0:8001"
+    """gRPC address for clients (KServe v2, health, reflection, admin)."""
+    metrics_port: int = Field(default=8002, ge=0, le=65535)
+    """Prometheus /metrics port (0: pick a free one)."""
+    router_id: str = ""
+    """Name in etcd and logs; empty: hostname-pid."""
+    batches_in_flight_per_worker: int = Field(default=2, ge=1, le=64)
+    """Batches one worker may hold at once: 2 lets the next batch's transfer overlap the current compute."""
+    default_timeout_s: float = Field(default=30.0, gt=0)
+    """Deadline for requests that carry neither a gRPC deadline nor parameters["timeout"]."""
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Largest request or response message accepted."""
+
+
+class WorkerSettings(_Section):
+    """A process that owns one device."""
+
+    repository: Path = Path("models")
+    """Model repository root (models/<name>/config.yaml, models/<name>/<version>/...)."""
+    models: list[str] = []
+    """Names of models to load; empty: every model in the repository."""
+    device: str = "cpu"
+    """`cpu` or `cuda:N`."""
+    torch_threads: int = Field(default=1, ge=1, le=256)
+    """Intra-op threads for torch; 1 keeps latency steady on small shared machines."""
+    listen: str = "127.0.0.1:0"
+    """gRPC bind address; port 0 picks a free port, and the worker registers the one it got."""
+    advertise_host: str = "127.0.0.1"
+    """Host routers should dial (the pod IP in Kubernetes)."""
+    worker_id: str = ""
+    """Name in etcd; empty: hostname-pid."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus /metrics port (0: pick a free one)."""
+    capacity: int = Field(default=2, ge=1, le=64)
+    """Batches accepted per router stream before the router must wait."""
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest a drain waits for in-flight batches before exiting anyway."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if value != "cpu" and not (value.startswith("cuda:") and value[5:].isdigit()):
+            raise ValueError("must be 'cpu' or 'cuda:N'")
+        return value
+
+
+class SluiceConfig(_Section):
+    """The whole `sluice.yaml`."""
+
+    etcd: EtcdSettings = EtcdSettings()
+    router: RouterSettings = RouterSettings()
+    worker: WorkerSettings = WorkerSettings()
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _env_value(raw: str) -> Any:
+    """Lists and objects come as JSON (`SLUICE_ETCD__ENDPOINTS='["a:1","b:2"]'`); the rest stays a string."""
+    return json.loads(raw) if raw[:1] in "[{" else raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Nested overrides from `SLUICE_SECTION__KEY=value` variables."""
+    tree: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(raw)
+    return tree
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"{key}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> SluiceConfig:
+    """Read the YAML file (if any), apply environment then flag overrides, and validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded
+    data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    data = _deep_merge(data, overrides or {})
+    try:
+        return SluiceConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None

@@ -1,0 +1,457 @@
+"""The etcd registry I/O layer: leased registrations and prefix watches that survive etcd outages.
+
+Key layout (DESIGN §6), under the configured prefix (default `/sluice/`): `workers/<id>` and
+`routers/<id>` are bound to their owner's lease; `tenants/<name>` holds optional live overrides.
+
+Invariants, and why:
+- A `LeasedKey` owns one lease and one aetcd client at a time. Every etcd call it makes runs under one
+  lock, so the keepalive loop and `update()` never race over which lease or client is current.
+- While a `LeasedKey` runs, its key is in etcd under a live lease holding the latest value given to it,
+  or the keepalive loop is working towards that: if etcd is unreachable it retries with a short, bounded
+  backoff; if the lease is gone (expired during a long outage, revoked, or etcd came back without it) it
+  grants a new lease and writes the current value. A frozen or killed owner stops refreshing, so its key
+  vanishes after at most the lease TTL: routers never route to a process that is gone for longer.
+- `revoke()` is the only way a registration ends on purpose; it removes the key at once (revoking the
+  lease), is idempotent, and is bounded in time even when etcd is down (the key then vanishes at TTL).
+- `watch_prefix_snapshots` yields whole snapshots, never deltas, so a consumer that missed one is never
+  wrong for long; it yields nothing while etcd is unreachable (callers keep serving from their last
+  view, DESIGN §6) and, once etcd answers again, re-reads the prefix and re-watches from the read's
+  revision + 1, so no event between the read and the watch is lost.
+- aetcd neither keeps leases alive nor reconnects a broken watch, and a gRPC channel can sit in a long
+  reconnect backoff after an outage: after any failure we drop the client and open a fresh one.
+- Every etcd call is bounded by `RPC_TIMEOUT_S` (aetcd's per-call deadline), so nothing here can hang on
+  an etcd that accepts connections but does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final
+
+import aetcd
+import aetcd.exceptions
+
+from common.config import EtcdSettings
+
+logger = logging.getLogger(__name__)
+
+WORKERS: Final = "workers/"
+ROUTERS: Final = "routers/"
+TENANTS: Final = "tenants/"
+
+RPC_TIMEOUT_S: Final = 2.0
+"""Deadline of one etcd call; also bounds how long opening a client waits for an answer."""
+REVOKE_TIMEOUT_S: Final = 3.0
+"""Longest `LeasedKey.revoke()` spends talking to etcd before giving up (the key then expires at TTL)."""
+CLOSE_TIMEOUT_S: Final = 2.0
+"""Longest closing one client may take."""
+WATCH_BACKOFF_S: Final = (0.1, 2.0)
+"""First and largest delay between attempts to re-establish a broken watch."""
+
+# Reconnect quickly once etcd returns (gRPC's default backoff grows to minutes). Ping an open watch
+# every 10 s so a frozen or partitioned etcd breaks it within ~15 s instead of hanging it: grpcio 1.85
+# enforces the ping-ack deadline through `ping_timeout_ms` (default 60 s), not `keepalive_timeout_ms`,
+# and stops pinging an idle stream after 2 pings unless `max_pings_without_data` is 0. etcd accepts
+# pings every 5 s or slower while a call is open (its default enforcement policy).
+_CHANNEL_OPTIONS: Final[dict[str, Any]] = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+    "grpc.http2.ping_timeout_ms": 5_000,
+    "grpc.http2.max_pings_without_data": 0,
+}
+
+
+class EtcdUnavailable(Exception):
+    """No configured etcd endpoint answered within the bound."""
+
+
+# What "etcd did not answer (properly)" looks like: aetcd maps the gRPC errors of the calls used here to
+# ClientError; its connect() and our own bounds time out.
+_ETCD_ERRORS: Final = (aetcd.exceptions.ClientError, OSError, TimeoutError, EtcdUnavailable)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """Split `host:port` (or `[v6addr]:port`) into host and port; ValueError naming the problem."""
+    text = endpoint.strip()
+    if "://" in text:
+        raise ValueError(f"etcd endpoint {endpoint!r}: give host:port without a scheme")
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+    else:
+        host, sep, port_text = text.rpartition(":")
+    if not sep or not host or (":" in host and not text.startswith("[")):
+        raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"etcd endpoint {endpoint!r}: port must be a number in 1..65535")
+    return host, int(port_text)
+
+
+def _child_key(prefix: str, folder: str, name: str) -> str:
+    if not name or "/" in name:
+        raise ValueError(f"{folder}{name!r}: a registry name must be non-empty and contain no '/'")
+    return f"{prefix}{folder}{name}"
+
+
+def worker_key(prefix: str, worker_id: str) -> str:
+    """Full key of a worker's registration: `<prefix>workers/<worker_id>`."""
+    return _child_key(prefix, WORKERS, worker_id)
+
+
+def router_key(prefix: str, router_id: str) -> str:
+    """Full key of a router's registration: `<prefix>routers/<router_id>`."""
+    return _child_key(prefix, ROUTERS, router_id)
+
+
+def tenant_key(prefix: str, tenant: str) -> str:
+    """Full key of a tenant's live overrides: `<prefix>tenants/<tenant>`."""
+    return _child_key(prefix, TENANTS, tenant)
+
+
+async def _close_client(client: aetcd.Client) -> None:
+    """Close a client within a bound; a failure only leaks a channel that gRPC tears down anyway."""
+    try:
+        await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
+    except (*_ETCD_ERRORS, RuntimeError) as exc:
+        logger.debug("closing an etcd client failed: %r", exc)
+
+
+async def open_client(settings: EtcdSettings) -> aetcd.Client:
+    """A client connected to the first endpoint of `settings.endpoints` that answers a read.
+
+    aetcd connects lazily, so each endpoint is probed with a bounded read of the prefix. Raises
+    `EtcdUnavailable` (listing each endpoint's error) when none answers.
+    """
+    errors: list[str] = []
+    for endpoint in settings.endpoints:
+        host, port = parse_endpoint(endpoint)
+        client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT_S, options=_CHANNEL_OPTIONS)
+        try:
+            await asyncio.wait_for(client.get(settings.prefix.encode()), RPC_TIMEOUT_S)
+        except _ETCD_ERRORS as exc:
+            errors.append(f"{endpoint}: {exc!r}")
+            await _close_client(client)
+            continue
+        except BaseException:
+            await _close_client(client)
+            raise
+        return client
+    raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(errors))
+
+
+class _Backoff:
+    """Exponential delays between `initial` and `maximum`, with jitter so many clients do not retry
+    in lockstep when etcd returns."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._initial = initial
+        self._maximum = maximum
+        self._next = initial
+
+    def delay(self) -> float:
+        """The next delay in seconds; each call doubles the following one, up to `maximum`."""
+        current = self._next
+        self._next = min(self._next * 2, self._maximum)
+        return current * random.uniform(0.8, 1.0)
+
+    def reset(self) -> None:
+        """Start again from `initial` (after a success)."""
+        self._next = self._initial
+
+
+class LeasedKey:
+    """A key kept alive under a lease: worker and router registrations (DESIGN §6).
+
+    Lifecycle: `start()` → any number of `update()` → `revoke()`. Between `start()` and `revoke()` one
+    background task refreshes the lease every TTL/3 and re-registers after outages (module docstring).
+    """
+
+    def __init__(self, settings: EtcdSettings, key: str, value: bytes) -> None:
+        if not key.startswith(settings.prefix):
+            raise ValueError(f"key {key!r} is outside the registry prefix {settings.prefix!r}")
+        self._settings = settings
+        self._key = key
+        self._value = value
+        self._client: aetcd.Client | None = None
+        self._lease_id: int | None = None
+        self._dirty = False  # `_value` not yet written under the current lease
+        self._connected = False
+        self._task: asyncio.Task[None] | None = None
+        self._revoked = False
+        self._io = asyncio.Lock()  # held by every etcd call; see the module invariants
+
+    @property
+    def key(self) -> str:
+        """The full key, prefix included."""
+        return self._key
+
+    @property
+    def lease_id(self) -> int | None:
+        """ID of the current lease; None before `start()`, after `revoke()`, or between leases."""
+        return self._lease_id
+
+    @property
+    def connected(self) -> bool:
+        """False while the keepalive cannot reach etcd (the key may then expire in etcd)."""
+        return self._connected
+
+    async def start(self) -> None:
+        """Grant a lease, write the key under it and start the keepalive; EtcdUnavailable if etcd
+        cannot be reached now (nothing is left running then)."""
+        if self._task is not None or self._revoked:
+            raise RuntimeError(f"LeasedKey {self._key!r} was already started")
+        async with self._io:
+            try:
+                await self._register()
+            except BaseException as exc:
+                await self._drop_client()
+                if isinstance(exc, _ETCD_ERRORS) and not isinstance(exc, EtcdUnavailable):
+                    raise EtcdUnavailable(f"could not register {self._key!r}: {exc!r}") from exc
+                raise
+        self._connected = True
+        self._task = asyncio.create_task(self._keep_alive(), name=f"etcd keepalive {self._key}")
+
+    async def update(self, value: bytes) -> None:
+        """Replace the value under the same lease. If etcd cannot take it now, the value is kept and
+        written by the keepalive loop as soon as etcd answers (or on re-registration)."""
+        if self._revoked:
+            raise RuntimeError(f"LeasedKey {self._key!r} was revoked")
+        self._value = value
+        self._dirty = True
+        async with self._io:
+            if self._client is None or self._lease_id is None:
+                return  # not started, or in an outage: the keepalive loop writes it
+            try:
+                await self._client.put(self._key.encode(), value, lease=self._lease_id)
+            except _ETCD_ERRORS as exc:
+                logger.warning("etcd: could not update %s now (%r); will retry on reconnect", self._key, exc)
+                return
+            if self._value is value:
+                self._dirty = False
+
+    async def revoke(self) -> None:
+        """Stop the keepalive, revoke the lease (the key disappears at once) and close the client.
+
+        Idempotent. Bounded by `REVOKE_TIMEOUT_S` when etcd is down; the key then expires at TTL.
+        """
+        if self._revoked:
+            return
+        self._revoked = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        async with self._io:
+            lease_id, self._lease_id = self._lease_id, None
+            self._connected = False
+            try:
+                if lease_id is not None:
+                    await asyncio.wait_for(self._revoke_lease(lease_id), REVOKE_TIMEOUT_S)
+            except _ETCD_ERRORS as exc:
+                logger.warning(
+                    "etcd: could not revoke the lease of %s (%r); it expires within %d s",
+                    self._key,
+                    exc,
+                    self._settings.lease_ttl_s,
+                )
+            finally:
+                await self._drop_client()
+
+    async def __aenter__(self) -> LeasedKey:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.revoke()
+
+    async def _revoke_lease(self, lease_id: int) -> None:
+        client = await self._ensure_client()
+        await client.revoke_lease(lease_id)
+
+    async def _ensure_client(self) -> aetcd.Client:
+        if self._client is None:
+            self._client = await open_client(self._settings)
+        return self._client
+
+    async def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await _close_client(client)
+
+    async def _register(self) -> None:
+        """Grant a new lease and write the current value under it (caller holds `_io`)."""
+        client = await self._ensure_client()
+        lease = await client.lease(self._settings.lease_ttl_s)
+        lease_id = int(lease.id)
+        value = self._value
+        await client.put(self._key.encode(), value, lease=lease_id)
+        self._lease_id = lease_id
+        self._dirty = self._value is not value
+        logger.info("etcd: registered %s under lease %x", self._key, lease_id)
+
+    async def _refresh(self) -> None:
+        """One keepalive round (caller holds `_io`): refresh the lease, or re-register if it is gone;
+        then write a value that an earlier `update()` could not."""
+        client = await self._ensure_client()
+        if self._lease_id is None:
+            await self._register()
+            return
+        reply = await client.refresh_lease(self._lease_id)
+        ttl = int(reply.TTL) if reply is not None else 0
+        if ttl <= 0:
+            logger.warning("etcd: lease %x of %s is gone; re-registering", self._lease_id, self._key)
+            self._lease_id = None
+            await self._register()
+        elif self._dirty:
+            value = self._value
+            await client.put(self._key.encode(), value, lease=self._lease_id)
+            self._dirty = self._value is not value
+
+    async def _beat(self) -> bool:
+        """One guarded keepalive round; True when etcd answered. Never raises except on cancel."""
+        async with self._io:
+            try:
+                await self._refresh()
+            except _ETCD_ERRORS as exc:
+                if self._connected:
+                    logger.warning("etcd: cannot keep %s alive (%r); retrying", self._key, exc)
+                self._connected = False
+                await self._drop_client()
+                return False
+            except Exception:
+                # A bug here must not end the registration: log it loudly and treat it as an outage.
+                logger.exception("etcd: unexpected error keeping %s alive; retrying", self._key)
+                self._connected = False
+                await self._drop_client()
+                return False
+        if not self._connected:
+            logger.warning("etcd: reachable again; %s is registered (lease %x)", self._key, self._lease_id)
+        self._connected = True
+        return True
+
+    async def _keep_alive(self) -> None:
+        interval = self._settings.lease_ttl_s / 3
+        backoff = _Backoff(0.1, min(1.0, interval))
+        delay = interval
+        while True:
+            await asyncio.sleep(delay)
+            if await self._beat():
+                backoff.reset()
+                delay = interval
+            else:
+                delay = backoff.delay()
+
+
+class _PrefixSession:
+    """The client, watch and last snapshot behind one `watch_prefix_snapshots` generator."""
+
+    def __init__(self, settings: EtcdSettings, prefix: str) -> None:
+        self._settings = settings
+        self._prefix = prefix
+        self._prefix_bytes = prefix.encode()
+        self._client: aetcd.Client | None = None
+        self._events: Any = None  # the aetcd watch iterator (an async generator)
+        self.view: dict[str, bytes] | None = None
+        self.healthy = True
+
+    def _name(self, key: bytes) -> str:
+        return key[len(self._prefix_bytes) :].decode("utf-8", errors="replace")
+
+    async def read(self) -> int:
+        """Replace `view` with the prefix's contents; returns the revision of the read."""
+        if self._client is None:
+            self._client = await open_client(self._settings)
+        result = await self._client.get_prefix(self._prefix_bytes)
+        self.view = {self._name(kv.key): bytes(kv.value) for kv in result}
+        return int(result.header.revision)
+
+    async def watch(self, start_revision: int) -> AsyncIterator[Any]:
+        """Open a watch on the prefix from `start_revision`; returns its event iterator."""
+        assert self._client is not None, "read() opens the client first"
+        watch = await self._client.watch_prefix(self._prefix_bytes, start_revision=start_revision)
+        events: AsyncIterator[Any] = aiter(watch)
+        self._events = events
+        return events
+
+    def apply(self, event: Any) -> None:
+        """Fold one PUT or DELETE event into `view`."""
+        assert self.view is not None
+        name = self._name(event.kv.key)
+        if event.kind == aetcd.rtypes.EventKind.PUT:
+            self.view[name] = bytes(event.kv.value)
+        else:
+            self.view.pop(name, None)
+
+    def failed(self, exc: BaseException) -> None:
+        """Note a broken read or watch; warns once per outage."""
+        if self.healthy:
+            logger.warning("etcd: watch of %s broke (%r); retrying with backoff", self._prefix, exc)
+        self.healthy = False
+
+    def recovered(self) -> None:
+        """Note a re-established watch."""
+        if not self.healthy:
+            logger.warning("etcd: watch of %s re-established", self._prefix)
+        self.healthy = True
+
+    async def reset(self) -> None:
+        """Drop the watch and the client; the next `read()` opens a fresh client."""
+        events, self._events = self._events, None
+        if events is not None:
+            try:
+                await events.aclose()
+            except _ETCD_ERRORS as exc:
+                logger.debug("etcd: closing the watch of %s: %r", self._prefix, exc)
+        client, self._client = self._client, None
+        if client is not None:
+            await _close_client(client)
+
+
+async def watch_prefix_snapshots(
+    settings: EtcdSettings, prefix: str
+) -> AsyncGenerator[dict[str, bytes], None]:
+    """Yield the full contents of `prefix` (names with the prefix stripped → values): once at the
+    start, then after every change (puts, deletes, lease expiries).
+
+    `prefix` is a full key prefix inside the registry, e.g. `settings.prefix + WORKERS`. While etcd is
+    unreachable nothing is yielded; when it answers again the prefix is re-read (and yielded if it
+    changed) and watched from there. Closing the generator (or cancelling its task) closes the client.
+    """
+    if not prefix.startswith(settings.prefix):
+        raise ValueError(f"watch prefix {prefix!r} is outside the registry prefix {settings.prefix!r}")
+    session = _PrefixSession(settings, prefix)
+    backoff = _Backoff(*WATCH_BACKOFF_S)
+    try:
+        while True:
+            last = session.view
+            try:
+                revision = await session.read()
+                if session.view != last:
+                    yield dict(session.view or {})
+                events = await session.watch(revision + 1)
+                session.recovered()
+                backoff.reset()
+                async for event in events:
+                    session.apply(event)
+                    yield dict(session.view or {})
+                raise EtcdUnavailable("the watch stream ended")
+            except aetcd.exceptions.RevisionCompactedError as exc:
+                logger.info("etcd: watch of %s fell behind compaction (%s); re-reading", prefix, exc)
+                await session.reset()
+            except _ETCD_ERRORS as exc:
+                session.failed(exc)
+                await session.reset()
+                await asyncio.sleep(backoff.delay())
+            except Exception:
+                # A bug (ours or aetcd's) must not end the watch routers depend on: log it, start over.
+                logger.exception("etcd: unexpected error watching %s; retrying", prefix)
+                session.healthy = False
+                await session.reset()
+                await asyncio.sleep(backoff.delay())
+    finally:
+        await session.reset()

@@ -1,0 +1,62 @@
+"""What a worker publishes about itself in etcd (`workers/<id>`), and what routers read back.
+
+The router never opens model files: everything it needs to validate requests, answer ModelMetadata and
+batch (tensor specs, max batch size, max wait) travels in these records. JSON on the wire; unknown fields
+are ignored so older routers read newer workers' records.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WorkerStateName = Literal["starting", "ready", "draining"]
+
+
+class TensorSpec(BaseModel):
+    """One model input or output: name, protocol datatype, dims without the batch dim (-1 = variable)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+class ModelRecord(BaseModel):
+    """One loaded, warmed model version on a worker."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    version: str
+    digest: str = Field(description="sha256 over config and artifact bytes")
+    platform: str = Field(description="backend name, e.g. torch_export")
+    max_batch_size: int = Field(ge=1)
+    max_wait_s: float = Field(ge=0, description="longest a queued request waits for a fuller batch")
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+class WorkerRecord(BaseModel):
+    """The value under `workers/<worker_id>`, bound to the worker's lease."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    worker_id: str
+    addr: str = Field(description="host:port of the worker's gRPC server")
+    device: str
+    models: tuple[ModelRecord, ...]
+    capacity: int = Field(ge=1, description="batches the worker accepts concurrently per router stream")
+    state: WorkerStateName
+    started_at: float = Field(description="unix time the process started")
+
+    def to_json(self) -> bytes:
+        """Serialise for etcd."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> WorkerRecord:
+        """Parse an etcd value (raises pydantic.ValidationError on garbage)."""
+        return cls.model_validate_json(raw)

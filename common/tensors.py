@@ -1,0 +1,127 @@
+"""Tensor codec between the wire (KServe v2 raw or typed contents, worker-stream tensors) and numpy.
+
+Invariant: every decoded array is C-contiguous with the exact dtype its datatype names and the exact shape
+the request declared; every malformed input raises `InvalidArgument` naming the tensor and what is wrong.
+Raw buffers are little-endian (the protocol's rule), so on the wire bytes are canonical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from common.errors import InvalidArgument
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.sluice.v1 import worker_pb2
+
+# Protocol datatype → little-endian numpy dtype. BYTES (variable-length strings) is not served yet.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+
+# Datatype → the InferTensorContents field that carries it in typed form (the protocol's table).
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def dtype_of(datatype: str, *, tensor: str = "") -> np.dtype[Any]:
+    """The numpy dtype for a protocol datatype, or InvalidArgument."""
+    try:
+        return DATATYPES[datatype]
+    except KeyError:
+        where = f"tensor {tensor!r}: " if tensor else ""
+        raise InvalidArgument(
+            f"{where}unsupported datatype {datatype!r} (supported: {', '.join(DATATYPES)})",
+            reason="bad_datatype",
+        ) from None
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    """The protocol datatype naming a numpy dtype."""
+    for name, candidate in DATATYPES.items():
+        if candidate == dtype.newbyteorder("<") or candidate == dtype:
+            return name
+    raise InvalidArgument(f"numpy dtype {dtype} has no protocol datatype", reason="bad_datatype")
+
+
+def element_count(shape: Sequence[int], *, tensor: str) -> int:
+    """Number of elements of a fully specified shape; negative dims are an error."""
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise InvalidArgument(f"tensor {tensor!r}: shape {list(shape)} has a negative dimension")
+        count *= dim
+    return count
+
+
+def from_raw(name: str, datatype: str, shape: Sequence[int], data: bytes) -> npt.NDArray[Any]:
+    """Decode a raw little-endian buffer, checking its length against shape and dtype."""
+    dtype = dtype_of(datatype, tensor=name)
+    count = element_count(shape, tensor=name)
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise InvalidArgument(
+            f"tensor {name!r}: {datatype}{list(shape)} needs {expected} bytes, got {len(data)}",
+            reason="bad_size",
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
+
+
+def from_contents(
+    name: str, datatype: str, shape: Sequence[int], contents: kserve.InferTensorContents
+) -> npt.NDArray[Any]:
+    """Decode typed `contents`, checking the field matches the datatype and the count matches the shape."""
+    dtype = dtype_of(datatype, tensor=name)
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"tensor {name!r}: {datatype} cannot be sent as typed contents; use raw")
+    values = getattr(contents, field)
+    count = element_count(shape, tensor=name)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"tensor {name!r}: {datatype}{list(shape)} needs {count} values in {field}, got {len(values)}",
+            reason="bad_size",
+        )
+    try:
+        array = np.asarray(values, dtype=dtype)
+    except OverflowError:
+        raise InvalidArgument(f"tensor {name!r}: a value does not fit {datatype}") from None
+    return array.reshape(tuple(shape))
+
+
+def to_wire(name: str, array: npt.NDArray[Any]) -> worker_pb2.Tensor:
+    """A worker-stream tensor holding `array` as little-endian bytes."""
+    contiguous = np.ascontiguousarray(array)
+    datatype = datatype_of(contiguous.dtype)
+    le = contiguous.astype(DATATYPES[datatype], copy=False)
+    return worker_pb2.Tensor(name=name, datatype=datatype, shape=list(le.shape), data=le.tobytes())
+
+
+def from_wire(tensor: worker_pb2.Tensor) -> npt.NDArray[Any]:
+    """Decode a worker-stream tensor (validated like a raw input)."""
+    return from_raw(tensor.name, tensor.datatype, tensor.shape, tensor.data)

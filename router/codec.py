@@ -1,0 +1,174 @@
+"""KServe v2 messages ↔ the router's domain objects, validated against the registered model record.
+
+Decoding checks everything a worker would otherwise fail on — input names, datatypes, ranks, fixed dims,
+batch size, buffer lengths, requested output names — so a malformed request costs no queue slot and no
+device time, and gets INVALID_ARGUMENT naming the tensor. Typed `contents` are converted to raw
+little-endian bytes here, so everything downstream sees one canonical encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import InvalidArgument
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.sluice.v1 import worker_pb2
+from common.records import ModelRecord, TensorSpec
+from common.tensors import from_contents, from_raw
+from router.policy.lanes import LaneKey
+
+MICROSECONDS = 1e-6
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    """A validated inference request, ready to queue."""
+
+    record: ModelRecord
+    client_id: str
+    inputs: tuple[worker_pb2.Tensor, ...]
+    outputs: tuple[str, ...]
+    rows: int
+    lane: LaneKey
+    timeout_s: float | None
+
+
+def _param_value(param: kserve.InferParameter) -> bool | int | float | str | None:
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def timeout_parameter(request: kserve.ModelInferRequest) -> float | None:
+    """`parameters["timeout"]` in microseconds (Triton's convention), as seconds."""
+    if "timeout" not in request.parameters:
+        return None
+    value = _param_value(request.parameters["timeout"])
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgument('parameters["timeout"] must be a positive integer of microseconds')
+    return value * MICROSECONDS
+
+
+def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int:
+    if len(shape) != len(spec.dims) + 1:
+        raise InvalidArgument(
+            f"input {spec.name!r}: shape {shape} must be [batch, {', '.join(map(str, spec.dims))}]",
+            reason="bad_shape",
+        )
+    rows = shape[0]
+    if not 1 <= rows <= max_batch_size:
+        raise InvalidArgument(
+            f"input {spec.name!r}: batch dimension {rows} must be between 1 and {max_batch_size}",
+            reason="bad_shape",
+        )
+    for want, got in zip(spec.dims, shape[1:], strict=True):
+        if (want >= 0 and got != want) or got < 0:
+            raise InvalidArgument(
+                f"input {spec.name!r}: shape {shape} does not match [-1, {', '.join(map(str, spec.dims))}]",
+                reason="bad_shape",
+            )
+    return rows
+
+
+def _decode_input(
+    spec: TensorSpec, tensor: kserve.ModelInferRequest.InferInputTensor, raw: bytes | None
+) -> worker_pb2.Tensor:
+    if tensor.datatype != spec.datatype:
+        raise InvalidArgument(
+            f"input {spec.name!r}: datatype {tensor.datatype!r}, model expects {spec.datatype!r}",
+            reason="bad_datatype",
+        )
+    shape = list(tensor.shape)
+    if raw is not None:
+        from_raw(spec.name, spec.datatype, shape, raw)  # validates the length
+        data = raw
+    else:
+        data = from_contents(spec.name, spec.datatype, shape, tensor.contents).tobytes()
+    return worker_pb2.Tensor(name=spec.name, datatype=spec.datatype, shape=shape, data=data)
+
+
+def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord) -> DecodedRequest:
+    """Validate a ModelInferRequest against the model and convert it; InvalidArgument on any mismatch."""
+    specs = {spec.name: spec for spec in record.inputs}
+    given = [t.name for t in request.inputs]
+    if sorted(given) != sorted(specs) or len(set(given)) != len(given):
+        raise InvalidArgument(
+            f"model {record.name!r} takes inputs {sorted(specs)}, request has {given}", reason="bad_inputs"
+        )
+    raws = list(request.raw_input_contents)
+    if raws and len(raws) != len(request.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raws)} buffers for {len(request.inputs)} inputs",
+            reason="bad_inputs",
+        )
+    rows_seen: set[int] = set()
+    decoded = []
+    for index, tensor in enumerate(request.inputs):
+        spec = specs[tensor.name]
+        rows_seen.add(_check_shape(spec, list(tensor.shape), record.max_batch_size))
+        decoded.append(_decode_input(spec, tensor, raws[index] if raws else None))
+    if len(rows_seen) != 1:
+        raise InvalidArgument(
+            f"inputs disagree on the batch dimension: {sorted(rows_seen)}", reason="bad_shape"
+        )
+    output_names = {spec.name for spec in record.outputs}
+    outputs = tuple(o.name for o in request.outputs)
+    unknown = [name for name in outputs if name not in output_names]
+    if unknown:
+        raise InvalidArgument(
+            f"model {record.name!r} has no output {unknown[0]!r} (outputs: {sorted(output_names)})",
+            reason="bad_outputs",
+        )
+    decoded.sort(key=lambda t: t.name)
+    lane = LaneKey(record.name, record.version, tuple((t.name, tuple(t.shape[1:])) for t in decoded))
+    return DecodedRequest(
+        record=record,
+        client_id=request.id,
+        inputs=tuple(decoded),
+        outputs=outputs,
+        rows=rows_seen.pop(),
+        lane=lane,
+        timeout_s=timeout_parameter(request),
+    )
+
+
+@dataclass(frozen=True)
+class ServedBy:
+    """How a request was served, reported in response parameters."""
+
+    worker_id: str
+    batch_rows: int
+    queue_s: float
+
+
+def encode_infer_response(
+    decoded: DecodedRequest, outputs: list[worker_pb2.Tensor], served: ServedBy
+) -> kserve.ModelInferResponse:
+    """A ModelInferResponse with raw output buffers and Sluice's response parameters.
+
+    Workers return every output (a batch mixes requests that asked for different ones); the outputs a
+    request named are picked here, in the order it named them.
+    """
+    response = kserve.ModelInferResponse(
+        model_name=decoded.record.name, model_version=decoded.record.version, id=decoded.client_id
+    )
+    if decoded.outputs:
+        by_name = {t.name: t for t in outputs}
+        outputs = [by_name[name] for name in decoded.outputs if name in by_name]
+    for tensor in outputs:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        response.raw_output_contents.append(tensor.data)
+    params = response.parameters
+    params["sluice_batch_size"].int64_param = served.batch_rows
+    params["sluice_queue_us"].int64_param = round(served.queue_s * 1e6)
+    params["sluice_worker"].string_param = served.worker_id
+    return response
+
+
+def model_metadata(record: ModelRecord, versions: list[str]) -> kserve.ModelMetadataResponse:
+    """ModelMetadata from a registration: shapes include the batch dimension as -1."""
+    response = kserve.ModelMetadataResponse(name=record.name, versions=versions, platform=record.platform)
+    for spec in record.inputs:
+        response.inputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.dims])
+    for spec in record.outputs:
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.dims])
+    return response

@@ -1,0 +1,221 @@
+"""The asyncio driver of the policy core: feeds it events, carries out its decisions, sleeps until told.
+
+Every request the driver accepts ends exactly once: its future gets a reply or a SluiceError, or the
+caller cancels it (then it leaves the queue, or the worker is told to skip it). The Dispatcher decides;
+this module only moves messages and resolves futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass
+
+from common.clock import Clock
+from common.errors import DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
+from common.pb.sluice.v1 import worker_pb2
+from router.codec import DecodedRequest, ServedBy
+from router.metrics import RouterMetrics
+from router.policy.dispatcher import Decision, Dispatch, Dispatcher
+from router.policy.lanes import LaneLimits, QueuedRequest
+from router.worker_link import WorkerLinks
+
+log = logging.getLogger(__name__)
+
+# A worker that vanished mid-batch: the request can be retried at once on another worker.
+WORKER_LOST_RETRY_S = 0.1
+
+
+@dataclass(frozen=True)
+class ItemReply:
+    """The outputs of one request and how it was served."""
+
+    outputs: list[worker_pb2.Tensor]
+    served: ServedBy
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The shell's part of a queued request (the core's `payload`)."""
+
+    decoded: DecodedRequest
+    future: asyncio.Future[ItemReply]
+
+
+def _pending(request: QueuedRequest) -> Pending:
+    assert isinstance(request.payload, Pending)
+    return request.payload
+
+
+def _settle(request: QueuedRequest, outcome: ItemReply | SluiceError) -> None:
+    future = _pending(request).future
+    if future.done():
+        return
+    if isinstance(outcome, SluiceError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+class Driver:
+    """Owns the Dispatcher and the loop that runs it."""
+
+    def __init__(self, clock: Clock, links: WorkerLinks, metrics: RouterMetrics) -> None:
+        self.clock = clock
+        self.dispatcher = Dispatcher()
+        self._links = links
+        self._metrics = metrics
+        self._ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._dispatched_at: dict[int, float] = {}
+        self._item_worker: dict[int, str] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the decision loop in the background."""
+        self._task = asyncio.create_task(self._run(), name="router-driver")
+
+    async def stop(self) -> None:
+        """Stop the loop; queued and in-flight requests end UNAVAILABLE."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        shutting = Unavailable("router shutting down", reason="shutdown", retry_after_s=WORKER_LOST_RETRY_S)
+        for lane in list(self.dispatcher.lanes.values()):
+            for request in list(lane):
+                self.dispatcher.cancel(request.request_id)
+                _settle(request, shutting)
+        for worker_id in {d.worker_id for d in self.dispatcher.in_flight.values()}:
+            self._fail_batches(self.dispatcher.worker_left(worker_id), shutting)
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            decision = self.dispatcher.poll(self.clock.now())
+            self._carry_out(decision)
+            timeout = None
+            if decision.wake_at is not None:
+                timeout = max(0.0, decision.wake_at - self.clock.now())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    # -- requests -----------------------------------------------------------------------------------------
+    async def infer(self, decoded: DecodedRequest, deadline: float) -> ItemReply:
+        """Queue a validated request and wait for its outcome."""
+        now = self.clock.now()
+        record = decoded.record
+        if deadline <= now:
+            raise DeadlineExceeded("deadline already passed on arrival", reason="expired_on_arrival")
+        if not self.dispatcher.serves(record.name, record.version):
+            raise Unavailable(
+                f"no ready worker serves {record.name} version {record.version}",
+                reason="no_worker",
+                retry_after_s=1.0,
+            )
+        request_id = next(self._ids)
+        future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
+        request = QueuedRequest(
+            request_id, decoded.lane, decoded.rows, now, deadline, Pending(decoded, future)
+        )
+        self.dispatcher.submit(request, LaneLimits(record.max_batch_size, record.max_wait_s))
+        self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._cancel(request_id)
+            raise
+
+    def _cancel(self, request_id: int) -> None:
+        if self.dispatcher.cancel(request_id) is not None:
+            return
+        worker_id = self._item_worker.pop(request_id, None)
+        if worker_id is not None:
+            cancel = worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=[request_id]))
+            self._links.send(worker_id, cancel)
+
+    # -- decisions ----------------------------------------------------------------------------------------
+    def _carry_out(self, decision: Decision) -> None:
+        for request, error in decision.rejected:
+            _settle(request, error)
+        now = self.clock.now()
+        for dispatch in decision.dispatches:
+            self._send(dispatch, now)
+        self._metrics.queue_depth.set(self.dispatcher.queued())
+        self._metrics.in_flight_batches.set(len(self.dispatcher.in_flight))
+
+    def _send(self, dispatch: Dispatch, now: float) -> None:
+        model = dispatch.lane.model
+        batch = worker_pb2.Batch(batch_id=dispatch.batch_id, model=model, version=dispatch.lane.version)
+        for request in dispatch.requests:
+            budget_us = max(1, round((request.deadline - now) * 1e6))
+            batch.items.add(
+                item_id=request.request_id, inputs=_pending(request).decoded.inputs, budget_us=budget_us
+            )
+            self._item_worker[request.request_id] = dispatch.worker_id
+            self._metrics.queue_wait.labels(model).observe(now - request.arrival)
+        self._metrics.batch_size.labels(model).observe(dispatch.rows)
+        self._dispatched_at[dispatch.batch_id] = now
+        if not self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch)):
+            self.dispatcher.complete(dispatch.batch_id)
+            self._fail_batches([dispatch], _worker_lost(dispatch.worker_id, "no open stream"))
+
+    # -- worker events ------------------------------------------------------------------------------------
+    def on_result(self, worker_id: str, result: worker_pb2.BatchResult) -> None:
+        """A worker answered a batch: settle each of its requests."""
+        dispatch = self.dispatcher.complete(result.batch_id)
+        self._wake.set()
+        if dispatch is None:
+            log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
+            return
+        sent_at = self._dispatched_at.pop(dispatch.batch_id, self.clock.now())
+        self._metrics.execute.labels(dispatch.lane.model).observe(result.execute_us / 1e6)
+        outcomes = {item.item_id: item for item in result.items}
+        for request in dispatch.requests:
+            self._item_worker.pop(request.request_id, None)
+            item = outcomes.get(request.request_id)
+            if item is None:
+                _settle(request, Internal(f"worker {worker_id} returned no outcome for this request"))
+            elif item.HasField("error"):
+                _settle(request, error_for_code(item.error.code, item.error.message, reason="worker_error"))
+            else:
+                served = ServedBy(worker_id, dispatch.rows, sent_at - request.arrival)
+                _settle(request, ItemReply(list(item.outputs), served))
+
+    def worker_joined(self, worker_id: str, models: set[tuple[str, str]], capacity: int) -> None:
+        """A worker is known (accepting only once `worker_accepting(True)`)."""
+        self.dispatcher.worker_joined(worker_id, models, capacity)
+        self.dispatcher.worker_accepting(worker_id, False)
+
+    def worker_accepting(self, worker_id: str, accepting: bool) -> None:
+        """Open or close a worker to new batches."""
+        self.dispatcher.worker_accepting(worker_id, accepting)
+        self._wake.set()
+
+    def worker_lost(self, worker_id: str, reason: str) -> None:
+        """A worker's stream is gone: its in-flight requests end UNAVAILABLE (retryable at once)."""
+        lost = self.dispatcher.worker_left(worker_id)
+        self._fail_batches(lost, _worker_lost(worker_id, reason))
+        self._wake.set()
+
+    def in_flight_on(self, worker_id: str) -> int:
+        """Batches this router has in flight on a worker."""
+        slot = self.dispatcher.workers.get(worker_id)
+        return 0 if slot is None else slot.in_flight_batches
+
+    def _fail_batches(self, batches: list[Dispatch], error: SluiceError) -> None:
+        for dispatch in batches:
+            self._dispatched_at.pop(dispatch.batch_id, None)
+            for request in dispatch.requests:
+                self._item_worker.pop(request.request_id, None)
+                _settle(request, error)
+
+
+def _worker_lost(worker_id: str, reason: str) -> Unavailable:
+    return Unavailable(
+        f"worker {worker_id} was lost before answering ({reason})",
+        reason="worker_lost",
+        retry_after_s=WORKER_LOST_RETRY_S,
+    )

@@ -1,0 +1,159 @@
+"""Router process assembly: gRPC server (KServe v2, admin, health, reflection), metrics, etcd.
+
+`RouterServer.start()` returns once the server is bound and serving (it never blocks for the process's
+lifetime), so tests and `sluice up` can run routers in-process; `serve_router` is the blocking entry point
+used by `sluice router`, stopping cleanly on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from common.clock import Clock, MonotonicClock
+from common.config import SluiceConfig
+from common.etcd import LeasedKey, router_key
+from common.metrics import MetricsEndpoint
+from common.pb.inference import grpc_service_pb2, grpc_service_pb2_grpc
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from router.driver import Driver
+from router.membership import Membership
+from router.metrics import RouterMetrics
+from router.policy.catalog import ModelCatalog
+from router.servicer import InferenceServicer, RouterAdminServicer
+from router.worker_link import WorkerLinks
+
+log = logging.getLogger(__name__)
+
+HEALTH_REFRESH_S = 0.2
+INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class RouterServer:
+    """One router: start, serve, stop."""
+
+    def __init__(self, config: SluiceConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        settings = config.router
+        self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.metrics = RouterMetrics()
+        self.links = WorkerLinks()
+        self.catalog = ModelCatalog()
+        self.driver = Driver(self.clock, self.links, self.metrics)
+        self.membership = Membership(config.etcd, settings, self.driver, self.links, self.catalog)
+        self.health = HealthServicer()
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._registration: LeasedKey | None = None
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind, serve, register in etcd and start following workers."""
+        settings = self.config.router
+        size = settings.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                *SERVER_KEEPALIVE_OPTIONS,
+                ("grpc.max_send_message_length", size),
+                ("grpc.max_receive_message_length", size),
+            ]
+        )
+        servicer = InferenceServicer(self.driver, self.catalog, settings, self.metrics, self.clock)
+        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        admin_pb2_grpc.add_RouterAdminServicer_to_server(
+            RouterAdminServicer(self.membership, self.driver), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                INFERENCE_SERVICE,
+                admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        self.port = server.add_insecure_port(settings.listen)
+        if self.port == 0:
+            raise OSError(f"cannot bind router to {settings.listen}")
+        await server.start()
+        self._server = server
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
+        self.driver.start()
+        self.membership.start()
+        self._health_task = asyncio.create_task(self._track_health(), name="router-health")
+        host = settings.listen.rsplit(":", 1)[0]
+        advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
+        key = router_key(self.config.etcd.prefix, self.router_id)
+        self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
+        await self._registration.start()
+        log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
+
+    @property
+    def metrics_port(self) -> int:
+        """The bound /metrics port."""
+        return 0 if self._metrics_endpoint is None else self._metrics_endpoint.port
+
+    async def _track_health(self) -> None:
+        """Mirror readiness into grpc.health.v1: overall, the inference service, and `model/<name>`."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        while True:
+            ready = any(w.accepting for w in self.driver.dispatcher.workers)
+            for service in ("", INFERENCE_SERVICE):
+                await self.health.set(service, serving if ready else not_serving)
+            for name in self.catalog.names():
+                model_ready = self.catalog.is_ready(name) and any(
+                    self.driver.dispatcher.serves(name, v) for v in self.catalog.versions(name)
+                )
+                await self.health.set(f"model/{name}", serving if model_ready else not_serving)
+            await asyncio.sleep(HEALTH_REFRESH_S)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Deregister, stop accepting, settle every request, close streams."""
+        await self.health.enter_graceful_shutdown()
+        if self._registration is not None:
+            await self._registration.revoke()
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(grace)
+        await self.driver.stop()
+        await self.membership.stop()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
+
+
+async def serve_router(config: SluiceConfig) -> None:
+    """Run a router until SIGINT or SIGTERM."""
+    router = RouterServer(config)
+    await router.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(sig)
+        await router.stop()

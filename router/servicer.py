@@ -1,0 +1,192 @@
+"""The router's gRPC servicers: KServe v2 inference, and the admin view of workers.
+
+Each method converts protobuf → domain objects, asks the catalog/driver, converts back; errors cross the
+boundary once, in `common.grpc_errors.abort`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+
+from common.clock import Clock
+from common.config import RouterSettings
+from common.errors import Code, SluiceError
+from common.grpc_errors import abort
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from router.codec import decode_infer_request, encode_infer_response, model_metadata
+from router.driver import Driver
+from router.membership import Membership
+from router.metrics import RouterMetrics
+from router.policy.catalog import ModelCatalog
+
+SERVER_NAME = "sluice"
+SERVER_VERSION = "0.1.0"
+_STATE = {
+    "starting": worker_pb2.WORKER_STATE_STARTING,
+    "ready": worker_pb2.WORKER_STATE_READY,
+    "draining": worker_pb2.WORKER_STATE_DRAINING,
+}
+
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
+    """`inference.GRPCInferenceService` over the driver."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        catalog: ModelCatalog,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        clock: Clock,
+    ) -> None:
+        self._driver = driver
+        self._catalog = catalog
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+
+    async def ServerLive(
+        self, request: kserve.ServerLiveRequest, context: Context
+    ) -> kserve.ServerLiveResponse:
+        """Alive whenever it answers."""
+        return kserve.ServerLiveResponse(live=True)
+
+    async def ServerReady(
+        self, request: kserve.ServerReadyRequest, context: Context
+    ) -> kserve.ServerReadyResponse:
+        """Ready when at least one worker accepts batches."""
+        ready = any(w.accepting for w in self._driver.dispatcher.workers)
+        return kserve.ServerReadyResponse(ready=ready)
+
+    async def ModelReady(
+        self, request: kserve.ModelReadyRequest, context: Context
+    ) -> kserve.ModelReadyResponse:
+        """Ready when an accepting worker has the (resolved) version loaded."""
+        try:
+            record = self._catalog.resolve(request.name, request.version)
+        except SluiceError as err:
+            await abort(context, err)
+        return kserve.ModelReadyResponse(ready=self._driver.dispatcher.serves(record.name, record.version))
+
+    async def ServerMetadata(
+        self, request: kserve.ServerMetadataRequest, context: Context
+    ) -> kserve.ServerMetadataResponse:
+        """Name and version; no optional protocol extensions yet."""
+        return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION)
+
+    async def ModelMetadata(
+        self, request: kserve.ModelMetadataRequest, context: Context
+    ) -> kserve.ModelMetadataResponse:
+        """Tensor specs as the workers registered them."""
+        try:
+            record = self._catalog.resolve(request.name, request.version)
+        except SluiceError as err:
+            await abort(context, err)
+        return model_metadata(record, self._catalog.versions(record.name))
+
+    async def ModelInfer(
+        self, request: kserve.ModelInferRequest, context: Context
+    ) -> kserve.ModelInferResponse:
+        """One request through validation, the queue, a batch and a worker."""
+        try:
+            return await self._infer(request, context.time_remaining())
+        except SluiceError as err:
+            await abort(context, err)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[kserve.ModelInferRequest], context: Context
+    ) -> AsyncIterator[kserve.ModelStreamInferResponse]:
+        """Requests are served concurrently; responses come back in completion order."""
+        done: asyncio.Queue[kserve.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def serve_one(request: kserve.ModelInferRequest) -> None:
+            try:
+                response = await self._infer(request, context.time_remaining())
+                await done.put(kserve.ModelStreamInferResponse(infer_response=response))
+            except SluiceError as err:
+                echo = kserve.ModelInferResponse(model_name=request.model_name, id=request.id)
+                message = f"{err.code.name}: {err.message}"
+                await done.put(kserve.ModelStreamInferResponse(error_message=message, infer_response=echo))
+
+        async def read_all() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(serve_one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*list(tasks))
+            await done.put(None)
+
+        reader = asyncio.create_task(read_all())
+        try:
+            while (item := await done.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(reader, *list(tasks), return_exceptions=True)
+
+    async def _infer(
+        self, request: kserve.ModelInferRequest, time_remaining: float | None
+    ) -> kserve.ModelInferResponse:
+        start = self._clock.now()
+        label = "unknown"
+        try:
+            record = self._catalog.resolve(request.model_name, request.model_version)
+            label = record.name
+            decoded = decode_infer_request(request, record)
+            budgets = [t for t in (time_remaining, decoded.timeout_s) if t is not None]
+            deadline = start + min(budgets or [self._settings.default_timeout_s])
+            reply = await self._driver.infer(decoded, deadline)
+        except SluiceError as err:
+            self._metrics.requests.labels(label, err.code.name).inc()
+            raise
+        except asyncio.CancelledError:
+            self._metrics.requests.labels(label, Code.CANCELLED.name).inc()
+            raise
+        self._metrics.requests.labels(label, Code.OK.name).inc()
+        self._metrics.request_latency.labels(label).observe(self._clock.now() - start)
+        return encode_infer_response(decoded, reply.outputs, reply.served)
+
+
+class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
+    """`sluice.v1.RouterAdmin`: the router's live view of its workers."""
+
+    def __init__(self, membership: Membership, driver: Driver) -> None:
+        self._membership = membership
+        self._driver = driver
+
+    async def ListWorkers(
+        self, request: admin_pb2.ListWorkersRequest, context: Context
+    ) -> admin_pb2.ListWorkersResponse:
+        """Every worker in etcd with its stream state and load."""
+        response = admin_pb2.ListWorkersResponse()
+        for worker_id, record in sorted(self._membership.records.items()):
+            view = response.workers.add(
+                worker_id=worker_id,
+                addr=record.addr,
+                device=record.device,
+                state=_STATE[record.state],
+                in_flight_batches=self._driver.in_flight_on(worker_id),
+                connected=worker_id in self._membership.loads,
+            )
+            for model in record.models:
+                view.models.add(
+                    name=model.name,
+                    version=model.version,
+                    digest=model.digest,
+                    max_batch_size=model.max_batch_size,
+                )
+            load = self._membership.loads.get(worker_id)
+            if load is not None:
+                view.load.CopyFrom(load)
+        return response

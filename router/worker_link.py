@@ -1,0 +1,128 @@
+"""One bidirectional stream to one worker (DESIGN.md: sluice/v1/worker.proto), and the set of them.
+
+A link only moves messages: `send` queues a RouterMessage for the writer, every WorkerMessage read is
+handed to `on_message`, and when the stream ends for any reason `on_closed` is called exactly once.
+gRPC keepalive pings every second make a dead peer visible within ~1 s even when no batch is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+OnMessage = Callable[[str, worker_pb2.WorkerMessage], None]
+OnClosed = Callable[[str, str], None]
+
+
+class WorkerLink:
+    """The router's end of the stream to one worker."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        addr: str,
+        on_message: OnMessage,
+        on_closed: OnClosed,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.worker_id = worker_id
+        self.addr = addr
+        self.ready = False
+        self._on_message = on_message
+        self._on_closed = on_closed
+        self._options = [
+            *KEEPALIVE_OPTIONS,
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        self._outbox: asyncio.Queue[worker_pb2.RouterMessage | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream has ended (no more messages will be sent or read)."""
+        return self._closed
+
+    def start(self) -> None:
+        """Open the stream in the background."""
+        self._task = asyncio.create_task(self._run(), name=f"worker-link-{self.worker_id}")
+
+    def send(self, message: worker_pb2.RouterMessage) -> bool:
+        """Queue a message for the worker; False when the link is closed."""
+        if self._closed:
+            return False
+        self._outbox.put_nowait(message)
+        return True
+
+    async def close(self) -> None:
+        """End the stream and wait for the reader (on_closed still fires once)."""
+        self._outbox.put_nowait(None)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _requests(self) -> AsyncIterator[worker_pb2.RouterMessage]:
+        while (message := await self._outbox.get()) is not None:
+            yield message
+
+    async def _run(self) -> None:
+        reason = "stream ended"
+        try:
+            async with grpc.aio.insecure_channel(self.addr, options=self._options) as channel:
+                call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests())
+                async for message in call:
+                    self._on_message(self.worker_id, message)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+        except asyncio.CancelledError:
+            reason = "closed by router"
+        finally:
+            self._closed = True
+            self.ready = False
+            self._on_closed(self.worker_id, reason)
+
+
+class WorkerLinks:
+    """The live links of this router, by worker id."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, WorkerLink] = {}
+
+    def __contains__(self, worker_id: str) -> bool:
+        return worker_id in self._links
+
+    def get(self, worker_id: str) -> WorkerLink | None:
+        """The link to a worker, if open."""
+        return self._links.get(worker_id)
+
+    def add(self, link: WorkerLink) -> None:
+        """Track a started link."""
+        self._links[link.worker_id] = link
+
+    def pop(self, worker_id: str) -> WorkerLink | None:
+        """Stop tracking a link."""
+        return self._links.pop(worker_id, None)
+
+    def ids(self) -> list[str]:
+        """Workers with a link."""
+        return list(self._links)
+
+    def send(self, worker_id: str, message: worker_pb2.RouterMessage) -> bool:
+        """Send to a worker; False if there is no open link."""
+        link = self._links.get(worker_id)
+        return link is not None and link.send(message)

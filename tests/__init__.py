@@ -1,0 +1,1 @@
+"""Sluice tests: unit (pure), integration (real servers on loopback), e2e (the CLI)."""

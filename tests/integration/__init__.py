@@ -1,0 +1,1 @@
+"""Integration tests: real etcd, Redis and gRPC servers on loopback."""

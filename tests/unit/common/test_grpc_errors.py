@@ -1,0 +1,30 @@
+"""The error boundary: retry hints travel as RetryInfo and pushback; terminal errors say -1."""
+
+from __future__ import annotations
+
+from google.rpc import error_details_pb2, status_pb2
+
+from common.errors import Code, InvalidArgument, Unavailable, error_for_code
+from common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY, trailers_for
+
+
+def test_retryable_error_carries_both_hints() -> None:
+    trailers = dict(trailers_for(Unavailable("queue full", reason="queue_full", retry_after_s=0.25)))
+    assert trailers[PUSHBACK_KEY] == "250"
+    status = status_pb2.Status.FromString(trailers[DETAILS_KEY])
+    info = error_details_pb2.RetryInfo()
+    assert status.details[0].Unpack(info)
+    assert info.retry_delay.ToMilliseconds() == 250
+    assert status.code == Code.UNAVAILABLE
+
+
+def test_terminal_error_forbids_retry() -> None:
+    trailers = dict(trailers_for(InvalidArgument("bad shape", retry_after_s=5)))
+    assert trailers[PUSHBACK_KEY] == "-1"
+    assert not status_pb2.Status.FromString(trailers[DETAILS_KEY]).details
+
+
+def test_codes_survive_a_process_boundary() -> None:
+    err = error_for_code(int(Code.UNAVAILABLE), "worker lost", retry_after_s=0.1)
+    assert isinstance(err, Unavailable) and err.retry_after_s == 0.1
+    assert error_for_code(int(Code.ABORTED), "x").code == Code.ABORTED

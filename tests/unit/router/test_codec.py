@@ -1,0 +1,104 @@
+"""Request decoding: every malformed request is INVALID_ARGUMENT naming the problem; raw == typed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.errors import Code, SluiceError
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.sluice.v1 import worker_pb2
+from common.records import ModelRecord, TensorSpec
+from router.codec import ServedBy, decode_infer_request, encode_infer_response
+
+RECORD = ModelRecord(
+    name="mlp",
+    version="1",
+    digest="sha256:00",
+    platform="torch_export",
+    max_batch_size=8,
+    max_wait_s=0.002,
+    inputs=(TensorSpec(name="input", datatype="FP32", dims=(4,)),),
+    outputs=(
+        TensorSpec(name="output", datatype="FP32", dims=(2,)),
+        TensorSpec(name="aux", datatype="FP32", dims=(1,)),
+    ),
+)
+
+
+def raw_request(values: np.ndarray, datatype: str = "FP32", name: str = "input") -> kserve.ModelInferRequest:
+    request = kserve.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name=name, datatype=datatype, shape=list(values.shape))
+    request.raw_input_contents.append(values.tobytes())
+    return request
+
+
+def expect_invalid(request: kserve.ModelInferRequest, fragment: str) -> None:
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(request, RECORD)
+    assert caught.value.code == Code.INVALID_ARGUMENT
+    assert fragment in caught.value.message
+
+
+def test_raw_and_typed_contents_decode_to_the_same_bytes() -> None:
+    values = np.arange(8, dtype="<f4").reshape(2, 4)
+    typed = kserve.ModelInferRequest(model_name="mlp")
+    tensor = typed.inputs.add(name="input", datatype="FP32", shape=[2, 4])
+    tensor.contents.fp32_contents.extend(values.ravel().tolist())
+    a = decode_infer_request(raw_request(values), RECORD)
+    b = decode_infer_request(typed, RECORD)
+    assert a.inputs == b.inputs and a.rows == b.rows == 2 and a.lane == b.lane
+
+
+def test_wrong_datatype() -> None:
+    expect_invalid(raw_request(np.zeros((1, 4), "<f8"), datatype="FP64"), "datatype")
+
+
+def test_wrong_fixed_dim() -> None:
+    expect_invalid(raw_request(np.zeros((1, 5), "<f4")), "does not match")
+
+
+def test_batch_too_large() -> None:
+    expect_invalid(raw_request(np.zeros((9, 4), "<f4")), "between 1 and 8")
+
+
+def test_buffer_size_mismatch() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.raw_input_contents[0] = b"\x00" * 15
+    expect_invalid(request, "needs 16 bytes, got 15")
+
+
+def test_unknown_input_name() -> None:
+    expect_invalid(raw_request(np.zeros((1, 4), "<f4"), name="x"), "takes inputs")
+
+
+def test_unknown_requested_output() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.outputs.add(name="nope")
+    expect_invalid(request, "no output 'nope'")
+
+
+def test_bad_timeout_parameter() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.parameters["timeout"].string_param = "soon"
+    expect_invalid(request, "timeout")
+
+
+def test_timeout_parameter_is_microseconds() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.parameters["timeout"].int64_param = 250_000
+    assert decode_infer_request(request, RECORD).timeout_s == pytest.approx(0.25)
+
+
+def test_response_keeps_only_requested_outputs_in_request_order() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.outputs.add(name="aux")
+    decoded = decode_infer_request(request, RECORD)
+    outputs = [
+        worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\x00" * 8),
+        worker_pb2.Tensor(name="aux", datatype="FP32", shape=[1, 1], data=b"\x00" * 4),
+    ]
+    response = encode_infer_response(decoded, outputs, ServedBy("w1", 3, 0.001))
+    assert [o.name for o in response.outputs] == ["aux"]
+    assert response.parameters["sluice_batch_size"].int64_param == 3
+    assert response.model_version == "1"

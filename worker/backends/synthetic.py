@@ -1,0 +1,50 @@
+"""SIMULATED backend: a GPU-like latency profile with no real model behind it (for scheduling benchmarks).
+
+A forward over b rows sleeps `base_ms + per_item_ms * b` (time.sleep: it runs on the executor's thread,
+like a real forward would block it) and returns a deterministic function of the first input: each output
+row is `x * 2 + 1` over that input's row (as FP32), tiled or cut to the output's per-row size, then cast
+to the output's datatype. Nothing here measures or models a real device; every number is configured.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import torch
+
+from worker.backends.base import TORCH_DTYPES
+from worker.model_config import ModelConfig
+
+
+class SyntheticBackend:
+    """Simulated latency, deterministic outputs."""
+
+    name = "synthetic"
+
+    def __init__(self, config: ModelConfig, device: str) -> None:
+        if config.synthetic is None:
+            raise ValueError(f"model {config.name!r}: the synthetic backend needs a `synthetic` section")
+        self._base_s = config.synthetic.base_ms / 1000.0
+        self._per_item_s = config.synthetic.per_item_ms / 1000.0
+        self._first_input = config.inputs[0].name
+        self._outputs = config.outputs
+        self._device = torch.device(device)
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sleep the simulated latency for this batch size, then compute the deterministic outputs."""
+        x = inputs[self._first_input]
+        rows = x.shape[0]
+        time.sleep(self._base_s + self._per_item_s * rows)
+        flat = x.reshape(rows, -1).to(torch.float32)
+        results: dict[str, torch.Tensor] = {}
+        for output in self._outputs:
+            width = math.prod(output.dims)
+            if flat.shape[1] == 0:
+                values = torch.zeros((rows, width), device=self._device)
+            else:
+                index = torch.arange(width, device=flat.device) % flat.shape[1]
+                values = flat[:, index] * 2 + 1
+            results[output.name] = values.reshape(rows, *output.dims).to(TORCH_DTYPES[output.datatype])
+        return results

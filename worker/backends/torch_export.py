@@ -1,0 +1,46 @@
+"""Backend for `torch.export` artifacts (`model.pt2`), the primary format.
+
+The program is loaded once and moved to the device with `move_to_device_pass` (a plain `.to()` would
+leave device constants baked into the graph behind). The exported module is called the way it was
+exported: with keyword arguments when it was exported with kwargs (the demo models); else positionally,
+matching its forward's parameter names to config input names when they all agree, and otherwise in
+config order (declared inputs, then the mask input) — the order the executor builds the batch in.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch.export.passes import move_to_device_pass
+
+from worker.backends.base import name_outputs
+
+
+class TorchExportBackend:
+    """An exported program on one device."""
+
+    name = "torch_export"
+
+    def __init__(self, artifact: Path, device: str, output_names: Sequence[str]) -> None:
+        program = torch.export.load(artifact)
+        if torch.device(device).type != "cpu":
+            program = move_to_device_pass(program, device)
+        self._module = program.module()
+        args_spec = program.call_spec.in_spec
+        # in_spec is the pytree of (args, kwargs); an export with no positional args is called by keyword.
+        self._by_keyword = args_spec is not None and args_spec.child(0).num_children == 0
+        self._parameters = list(inspect.signature(self._module.forward).parameters)
+        self._output_names = tuple(output_names)
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the exported module over one batch."""
+        if self._by_keyword:
+            result = self._module(**inputs)
+        elif set(self._parameters) == set(inputs):
+            result = self._module(*(inputs[p] for p in self._parameters))
+        else:
+            result = self._module(*inputs.values())
+        return name_outputs(result, self._output_names)

@@ -1,0 +1,271 @@
+"""Runs batches on one device: validate items, stack them, one forward pass, split the outputs back.
+
+Ownership and threading: one Executor per device, driven by ONE thread (the gRPC shell's dedicated
+executor thread); `run` blocks for the whole batch. Invariants:
+- every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
+- a malformed item fails alone (InvalidArgument); the others still run;
+- items are stacked along dim 0 only when their non-batch shapes agree, in forward groups of at most
+  max_batch_size rows (shapes that differ run as separate forwards; padding to buckets comes later);
+- if a forward raises, every item of that forward gets Internal with the exception's message;
+- returned arrays are C-contiguous and own their memory (no views of batch buffers).
+No clock is read here: the shell measures queue and execute time around `run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from common.errors import Internal, InvalidArgument, SluiceError
+from common.records import ModelRecord
+from common.tensors import DATATYPES
+from worker.backends import Backend, load_backend
+from worker.model_config import ModelConfig
+from worker.repository import ModelVersionSpec
+
+Array = npt.NDArray[Any]
+# Length used for variable dims during warm-up when the input declares no buckets.
+WARMUP_VARIABLE_LENGTH = 8
+
+
+@dataclass(frozen=True)
+class ExecItem:
+    """One request's inputs, each with its own leading batch dim (usually 1 row; k rows are allowed)."""
+
+    item_id: int
+    inputs: dict[str, Array]
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """The result for one item: `outputs` (requested names → arrays) or `error`."""
+
+    item_id: int
+    outputs: dict[str, Array] | None
+    error: SluiceError | None
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model version loaded on this executor's device."""
+
+    spec: ModelVersionSpec
+    backend: Backend
+
+    @property
+    def record(self) -> ModelRecord:
+        """What the worker publishes for this version."""
+        return self.spec.record()
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A validated item: its position in the batch and its row count."""
+
+    index: int
+    item: ExecItem
+    rows: int
+
+
+class Executor:
+    """Executes batches for the models loaded on one device, one batch at a time."""
+
+    def __init__(self, device: str = "cpu", torch_threads: int = 1) -> None:
+        self.device = torch.device(device)
+        # Intra-op threads: 1 by default, since several workers share small machines and more threads
+        # make latency swing wildly under contention (DEPENDENCIES.md, PyTorch).
+        torch.set_num_threads(torch_threads)
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        """Load `spec` onto this executor's device (not yet warmed up)."""
+        return LoadedModel(spec=spec, backend=load_backend(spec, str(self.device)))
+
+    def run(
+        self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
+    ) -> list[ItemOutcome]:
+        """Execute `items` as one batch (or a few forwards when shapes differ); one outcome per item."""
+        config = model.spec.config
+        declared = [t.name for t in config.outputs]
+        unknown = [name for name in outputs if name not in declared]
+        if unknown:
+            error = InvalidArgument(
+                f"model {config.name!r} has no output(s) {unknown} (outputs: {declared})",
+                reason="unknown_output",
+            )
+            return [ItemOutcome(item.item_id, None, error) for item in items]
+        requested = list(dict.fromkeys(outputs)) or declared
+        outcomes: dict[int, ItemOutcome] = {}
+        valid: list[_Planned] = []
+        for index, item in enumerate(items):
+            try:
+                valid.append(_Planned(index, item, _check_item(config, item)))
+            except InvalidArgument as exc:
+                outcomes[index] = ItemOutcome(item.item_id, None, exc)
+        for group in _forward_groups(config, valid):
+            for planned, outcome in zip(group, self._forward(model, group, requested), strict=True):
+                outcomes[planned.index] = outcome
+        return [outcomes[index] for index in range(len(items))]
+
+    def warm_up(self, model: LoadedModel) -> None:
+        """Run each warm-up batch size once with zeros; raises Internal if any fails (model not ready)."""
+        config = model.spec.config
+        for size in config.warmup_sizes:
+            items = [ExecItem(i, _zeros_row(config)) for i in range(size)]
+            for outcome in self.run(model, items):
+                if outcome.error is not None:
+                    raise Internal(
+                        f"warm-up of {config.name!r} v{model.spec.version} at batch {size} failed: "
+                        f"{outcome.error.message}",
+                        reason="warmup_failed",
+                    )
+
+    def _forward(self, model: LoadedModel, group: list[_Planned], requested: list[str]) -> list[ItemOutcome]:
+        config = model.spec.config
+        rows = sum(p.rows for p in group)
+        try:
+            tensors = {
+                t.name: self._to_device(np.concatenate([p.item.inputs[t.name] for p in group]))
+                for t in config.inputs
+            }
+            masked = config.masked_input
+            if masked is not None and config.batching.mask_input is not None:
+                length = tensors[masked.name].shape[1 + masked.dims.index(-1)]
+                mask = torch.ones((rows, length), dtype=torch.float32, device=self.device)
+                tensors[config.batching.mask_input] = mask
+            with torch.inference_mode():
+                produced = model.backend.forward(tensors)
+            arrays = self._to_host({name: _output(produced, name) for name in requested})
+            _check_outputs(config, arrays, rows)
+        except Exception as exc:
+            # The model's own code may raise anything; it concerns this forward's items only, and the
+            # message travels to the client (the shell logs the traceback from __cause__).
+            error = Internal(
+                f"model {config.name!r} v{model.spec.version} failed on a batch of {rows} rows: "
+                f"{type(exc).__name__}: {exc}",
+                reason="model_error",
+            )
+            error.__cause__ = exc
+            return [ItemOutcome(p.item.item_id, None, error) for p in group]
+        outcomes = []
+        start = 0
+        for planned in group:
+            stop = start + planned.rows
+            outputs = {name: np.ascontiguousarray(array[start:stop]).copy() for name, array in arrays.items()}
+            outcomes.append(ItemOutcome(planned.item.item_id, outputs, None))
+            start = stop
+        return outcomes
+
+    def _to_device(self, array: Array) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            # Pinned staging makes the host→device copy asynchronous; the caching host allocator keeps the
+            # block alive until the copy's stream has consumed it.
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
+    def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, Array]:
+        if self.device.type != "cuda":
+            return {name: t.detach().cpu().numpy() for name, t in tensors.items()}
+        staged = {}
+        for name, t in tensors.items():
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t.detach(), non_blocking=True)
+            staged[name] = host
+        torch.cuda.synchronize(self.device)
+        return {name: host.numpy() for name, host in staged.items()}
+
+
+def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in produced:
+        raise KeyError(f"backend returned no output {name!r} (got {sorted(produced)})")
+    return produced[name]
+
+
+def _check_item(config: ModelConfig, item: ExecItem) -> int:
+    """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
+    expected = {t.name for t in config.inputs}
+    missing = sorted(expected - set(item.inputs))
+    extra = sorted(set(item.inputs) - expected)
+    if missing or extra:
+        raise InvalidArgument(
+            f"model {config.name!r} takes inputs {sorted(expected)}; missing {missing}, unexpected {extra}",
+            reason="bad_input",
+        )
+    row_counts = set()
+    for spec in config.inputs:
+        array = item.inputs[spec.name]
+        want = DATATYPES[spec.datatype]
+        if not isinstance(array, np.ndarray) or array.dtype != want:
+            got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+            raise InvalidArgument(
+                f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
+            )
+        _check_shape(config, spec.name, spec.dims, array.shape)
+        row_counts.add(array.shape[0])
+    if len(row_counts) != 1:
+        raise InvalidArgument(f"inputs disagree on the batch dim: {sorted(row_counts)}", reason="bad_shape")
+    rows = row_counts.pop()
+    if not 1 <= rows <= config.max_batch_size:
+        raise InvalidArgument(
+            f"a request carries {rows} rows; model {config.name!r} takes 1..{config.max_batch_size}",
+            reason="bad_shape",
+        )
+    return int(rows)
+
+
+def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
+    wanted = [-1, *dims]
+    fits = len(shape) == len(wanted) and all(w in (-1, s) for w, s in zip(wanted, shape, strict=True))
+    if not fits:
+        raise InvalidArgument(
+            f"input {name!r}: expected shape {wanted} (batch first, -1 variable), got {list(shape)}",
+            reason="bad_shape",
+        )
+    buckets = config.batching.buckets.get(name)
+    if buckets:
+        too_long = [s for w, s in zip(dims, shape[1:], strict=True) if w == -1 and s > buckets[-1]]
+        if too_long:
+            raise InvalidArgument(
+                f"input {name!r}: length {too_long[0]} exceeds the largest bucket {buckets[-1]}",
+                reason="bad_shape",
+            )
+
+
+def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
+    """Items with equal non-batch shapes, in arrival order, cut so no group exceeds max_batch_size rows."""
+    by_shape: dict[tuple[tuple[int, ...], ...], list[list[_Planned]]] = {}
+    for planned in valid:
+        key = tuple(planned.item.inputs[t.name].shape[1:] for t in config.inputs)
+        groups = by_shape.setdefault(key, [[]])
+        if sum(p.rows for p in groups[-1]) + planned.rows > config.max_batch_size:
+            groups.append([])
+        groups[-1].append(planned)
+    return [group for groups in by_shape.values() for group in groups]
+
+
+def _check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> None:
+    """Raise ValueError when the model's outputs disagree with the config (caught as Internal)."""
+    by_name = {t.name: t for t in config.outputs}
+    for name, array in arrays.items():
+        spec = by_name[name]
+        if array.dtype != DATATYPES[spec.datatype]:
+            raise ValueError(f"output {name!r} is {array.dtype}, config declares {spec.datatype}")
+        wanted = [rows, *spec.dims]
+        shape = list(array.shape)
+        if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
+            raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
+
+
+def _zeros_row(config: ModelConfig) -> dict[str, Array]:
+    """One row of zeros per input; variable dims get the smallest bucket (or a small default length)."""
+    inputs = {}
+    for spec in config.inputs:
+        length = config.batching.buckets.get(spec.name, (WARMUP_VARIABLE_LENGTH,))[0]
+        shape = [1, *(length if d == -1 else d for d in spec.dims)]
+        inputs[spec.name] = np.zeros(shape, dtype=DATATYPES[spec.datatype])
+    return inputs

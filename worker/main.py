@@ -1,0 +1,215 @@
+"""Worker process lifecycle: load → warm up → serve → register → (SIGTERM) drain → deregister → exit 0.
+
+Readiness is earned in that order: a worker registers in etcd (and reports SERVING on grpc.health.v1)
+only after every model version has loaded and run its warm-up batches, so no request ever pays for a cold
+model. Draining marks the worker `draining` in etcd and on every router stream, finishes every batch it
+accepted, then revokes its lease so the registration disappears at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from common.config import SluiceConfig
+from common.etcd import LeasedKey, worker_key
+from common.metrics import MetricsEndpoint
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from common.records import WorkerRecord, WorkerStateName
+from worker.backends import load_backend
+from worker.executor import Executor, LoadedModel
+from worker.metrics import WorkerMetrics
+from worker.repository import scan_repository
+from worker.runner import BatchRunner
+from worker.servicer import WorkerAdminServicer, WorkerState, WorkerStreamServicer
+
+log = logging.getLogger(__name__)
+
+LOAD_REPORT_INTERVAL_S = 1.0
+# Time for routers to see DRAINING on their stream before we trust the runner's idleness.
+DRAIN_SETTLE_S = 0.2
+SERVER_OPTIONS = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+_STATE_NAMES: dict[int, WorkerStateName] = {
+    worker_pb2.WORKER_STATE_STARTING: "starting",
+    worker_pb2.WORKER_STATE_READY: "ready",
+    worker_pb2.WORKER_STATE_DRAINING: "draining",
+}
+
+
+class WorkerProcess:
+    """One worker: owns a device, its models, its gRPC server and its etcd registration."""
+
+    def __init__(self, config: SluiceConfig) -> None:
+        self.config = config
+        settings = config.worker
+        self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.metrics = WorkerMetrics()
+        self.executor = Executor(settings.device, settings.torch_threads)
+        self.models: dict[tuple[str, str], LoadedModel] = {}
+        self.runner = BatchRunner(self.executor, self.models, self.metrics)
+        self.state = WorkerState(self.worker_id, self.runner)
+        self.health = HealthServicer()
+        self.port = 0
+        self.started_at = time.time()
+        self.drained = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._registration: LeasedKey | None = None
+        self._reporter: asyncio.Task[None] | None = None
+        self._drain_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Load and warm every model, serve, then register as ready."""
+        settings = self.config.worker
+        await asyncio.to_thread(self._load_models)
+        self.runner.start()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerStreamServicer(self.state), server)
+        admin = WorkerAdminServicer(self.state, self.drain, self.status)
+        admin_pb2_grpc.add_WorkerAdminServicer_to_server(admin, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name,
+                admin_pb2.DESCRIPTOR.services_by_name["WorkerAdmin"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        self.port = server.add_insecure_port(settings.listen)
+        if self.port == 0:
+            raise OSError(f"cannot bind worker to {settings.listen}")
+        await server.start()
+        self._server = server
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
+        self.state.set(worker_pb2.WORKER_STATE_READY)
+        key = worker_key(self.config.etcd.prefix, self.worker_id)
+        self._registration = LeasedKey(self.config.etcd, key, self.record().to_json())
+        await self._registration.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._reporter = asyncio.create_task(self._report_load(), name="load-reporter")
+        log.info("worker %s ready on %s with %d model versions", self.worker_id, self.addr, len(self.models))
+
+    def _load_models(self) -> None:
+        settings = self.config.worker
+        for spec in scan_repository(settings.repository, settings.models):
+            model = LoadedModel(spec, load_backend(spec, settings.device))
+            self.executor.warm_up(model)
+            self.models[(spec.name, spec.version)] = model
+        if not self.models:
+            raise RuntimeError(f"no models to serve in {settings.repository}")
+
+    @property
+    def addr(self) -> str:
+        """host:port routers dial."""
+        return f"{self.config.worker.advertise_host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int:
+        """The bound /metrics port."""
+        return 0 if self._metrics_endpoint is None else self._metrics_endpoint.port
+
+    def record(self) -> WorkerRecord:
+        """What this worker publishes in etcd."""
+        return WorkerRecord(
+            worker_id=self.worker_id,
+            addr=self.addr,
+            device=self.config.worker.device,
+            models=tuple(m.spec.record() for m in self.models.values()),
+            capacity=self.config.worker.capacity,
+            state=_STATE_NAMES[self.state.state],
+            started_at=self.started_at,
+        )
+
+    def status(self) -> admin_pb2.WorkerStatusResponse:
+        """The admin Status answer."""
+        response = admin_pb2.WorkerStatusResponse(
+            worker_id=self.worker_id,
+            device=self.config.worker.device,
+            state=self.state.state,
+            load=self.state.load_report(),
+            batches_executed=self.runner.batches_executed,
+            items_executed=self.runner.items_executed,
+        )
+        for model in self.models.values():
+            r = model.spec.record()
+            response.models.add(
+                name=r.name, version=r.version, digest=r.digest, max_batch_size=r.max_batch_size
+            )
+        return response
+
+    async def _report_load(self) -> None:
+        while True:
+            await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
+            self.state.broadcast()
+
+    async def drain(self) -> None:
+        """Mark draining everywhere, finish accepted batches, revoke the lease (once)."""
+        async with self._drain_lock:
+            if self.drained.is_set():
+                return
+            log.info("worker %s draining", self.worker_id)
+            self.state.set(worker_pb2.WORKER_STATE_DRAINING)
+            await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            if self._registration is not None:
+                await self._registration.update(self.record().to_json())
+            await asyncio.sleep(DRAIN_SETTLE_S)
+            finished = await self.runner.wait_idle(self.config.worker.drain_timeout_s)
+            if not finished:
+                log.error("drain timed out with %d batches in flight", self.runner.pending_batches)
+            if self._registration is not None:
+                await self._registration.revoke()
+            self.drained.set()
+            log.info("worker %s drained", self.worker_id)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving (after `drain`, or abruptly without it)."""
+        if self._reporter is not None:
+            self._reporter.cancel()
+            await asyncio.gather(self._reporter, return_exceptions=True)
+        for stream in list(self.state.streams):
+            stream.outbox.put_nowait(None)
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._registration is not None:
+            await self._registration.revoke()
+        await self.runner.stop()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
+
+
+async def serve_worker(config: SluiceConfig) -> None:
+    """Run a worker until SIGTERM/SIGINT (then drain) or an admin Drain; returns when drained."""
+    worker = WorkerProcess(config)
+    await worker.start()
+    loop = asyncio.get_running_loop()
+    drain_task: set[asyncio.Task[None]] = set()
+
+    def on_signal() -> None:
+        if not drain_task:
+            drain_task.add(asyncio.create_task(worker.drain()))
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await worker.drained.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(sig)
+        await worker.stop()

@@ -1,0 +1,39 @@
+"""The worker's Prometheus metrics (names `sluice_worker_*`, base units: seconds, rows)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+
+
+class WorkerMetrics:
+    """Every metric a worker exports, on a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batches = Counter(
+            "sluice_worker_batches", "Batches executed", ["model"], registry=r,
+        )  # fmt: skip
+        self.items = Counter(
+            "sluice_worker_items", "Items answered, by status code", ["model", "code"], registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            "sluice_worker_batch_size", "Rows per executed batch",
+            ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.execute = Histogram(
+            "sluice_worker_execute_seconds", "Forward-pass time per batch (transfers included)",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "sluice_worker_queue_wait_seconds", "Time a batch waited on the worker before executing",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queued_batches = Gauge(
+            "sluice_worker_queued_batches", "Batches accepted and not yet answered", registry=r,
+        )  # fmt: skip
+        self.busy_ratio = Gauge(
+            "sluice_worker_busy_ratio", "Fraction of recent wall time spent executing batches", registry=r,
+        )  # fmt: skip
