@@ -201,6 +201,22 @@ def stop_cluster(children: list[Child]) -> None:
         print(f"stopped {child.name} (exit {code})", flush=True)
 
 
+def _serve_until_stopped(children: list[Child], stop: threading.Event) -> int:
+    """Wait for Ctrl-C. A worker may leave (drained with `sluice drain` or SIGTERM: the cluster goes on
+    with the others); if etcd or the router dies the cluster cannot serve, so it stops with an error."""
+    core = [c for c in children if not c.name.startswith("worker")]
+    reported: set[str] = set()
+    while not stop.wait(0.2):
+        for child in children:
+            if not child.alive() and child.name not in reported:
+                reported.add(child.name)
+                print(f"{child.name} exited with {child.process.returncode}", file=sys.stderr, flush=True)
+        if any(not c.alive() for c in core):
+            print("error: the cluster cannot serve without etcd and the router; stopping", file=sys.stderr)
+            return 1
+    return 0
+
+
 def run_local_cluster(args: argparse.Namespace) -> int:
     """`sluice up`: start, print where to go, serve until SIGINT/SIGTERM, stop everything."""
     if not (args.repository / "mlp" / "config.yaml").exists() and not any(
@@ -236,13 +252,7 @@ def run_local_cluster(args: argparse.Namespace) -> int:
             "Ctrl-C stops every process started here.",
             flush=True,
         )
-        while not stop.wait(0.2) and all(c.alive() for c in children):
-            pass
-        dead = [c.name for c in children if not c.alive()]
-        if dead and not stop.is_set():
-            print(f"error: {', '.join(dead)} exited; stopping the cluster", file=sys.stderr)
-            return 1
-        return 0
+        return _serve_until_stopped(children, stop)
     except Interrupted:
         return 130
     except (RuntimeError, TimeoutError, FileNotFoundError) as exc:

@@ -441,16 +441,16 @@ async def watch_prefix_snapshots(
                     yield dict(session.view or {})
                 raise EtcdUnavailable("the watch stream ended")
             except aetcd.exceptions.RevisionCompactedError as exc:
+                # Not an outage: the history we asked for is gone, so take a fresh snapshot.
                 logger.info("etcd: watch of %s fell behind compaction (%s); re-reading", prefix, exc)
                 await session.reset()
-            except _ETCD_ERRORS as exc:
-                session.failed(exc)
-                await session.reset()
-                await asyncio.sleep(backoff.delay())
-            except Exception:
-                # A bug (ours or aetcd's) must not end the watch routers depend on: log it, start over.
-                logger.exception("etcd: unexpected error watching %s; retrying", prefix)
-                session.healthy = False
+            except Exception as exc:
+                if isinstance(exc, _ETCD_ERRORS):
+                    session.failed(exc)
+                else:
+                    # A bug (ours or aetcd's) must not end the watch routers depend on: log, start over.
+                    logger.exception("etcd: unexpected error watching %s; retrying", prefix)
+                    session.healthy = False
                 await session.reset()
                 await asyncio.sleep(backoff.delay())
     finally:

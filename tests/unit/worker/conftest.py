@@ -1,5 +1,5 @@
-"""Fixtures for worker unit tests: the demo repository is exported once per session (≈ 2 s) into a tmp
-dir, and its models are loaded once; tests must not mutate either."""
+"""Fixtures for worker unit tests: the demo models (from the session's `demo_repo`, tests/conftest.py)
+are loaded once; tests must not mutate them."""
 
 from __future__ import annotations
 
@@ -7,17 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.demo_models import init_demo_repository
 from worker.executor import Executor, LoadedModel
 from worker.repository import scan_repository
-
-
-@pytest.fixture(scope="session")
-def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly generated demo model repository (read-only by convention)."""
-    root = tmp_path_factory.mktemp("demo-models")
-    init_demo_repository(root)
-    return root
 
 
 @pytest.fixture(scope="session")

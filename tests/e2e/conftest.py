@@ -1,0 +1,67 @@
+"""A real local cluster (`sluice up`: etcd, router, two workers) on free ports, shared by a module."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cli.cluster import free_port
+from tests.support.processes import find_pids, wait_until
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the local cluster listens, and its `sluice up` process."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    etcd_port: int
+    repository: Path
+    log_dir: Path
+
+    @property
+    def addr(self) -> str:
+        """The router's gRPC address."""
+        return f"127.0.0.1:{self.port}"
+
+    def pids(self) -> list[int]:
+        """Every process of this cluster (they all carry its etcd port on their command line)."""
+        return find_pids(f"127.0.0.1:{self.etcd_port}")
+
+
+@pytest.fixture(scope="module")
+def cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """`sluice up` with two workers on the demo models; stopped with SIGINT (Ctrl-C) at teardown."""
+    log_dir = tmp_path_factory.mktemp("cluster-logs")
+    port, metrics_port, etcd_port = free_port(), free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "cli", "up", "--repository", str(demo_repo), "--port", str(port),
+        "--metrics-port", str(metrics_port), "--etcd-port", str(etcd_port), "--log-dir", str(log_dir),
+    ]  # fmt: skip
+    with (log_dir / "up.log").open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    cluster = Cluster(process, port, metrics_port, etcd_port, demo_repo, log_dir)
+    try:
+        wait_until(
+            lambda: b"Sluice is up" in (log_dir / "up.log").read_bytes() or process.poll() is not None,
+            120,
+            "sluice up",
+        )
+        assert process.poll() is None, (log_dir / "up.log").read_text()
+        yield cluster
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            code = process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        wait_until(lambda: not cluster.pids(), 10, "every cluster process to exit")
+        assert code == 0, (log_dir / "up.log").read_text()

@@ -1,0 +1,156 @@
+"""The whole path through the CLI's local cluster: correctness under concurrency, batching, drain
+under load, the CLI commands, and an unmodified official Triton client.
+
+Tests run in file order on one cluster; the drain test stops a worker, so it comes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from tests.e2e.conftest import Cluster
+from tests.support.processes import find_pids, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _mlp_request(row: np.ndarray) -> kserve.ModelInferRequest:
+    request = kserve.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 256])
+    request.raw_input_contents.append(row.astype("<f4").reshape(1, 256).tobytes())
+    return request
+
+
+async def _infer_all(addr: str, rows: np.ndarray, concurrency: int) -> list[np.ndarray | str]:
+    """Send one request per row with at most `concurrency` in flight; outputs or error strings."""
+    limit = asyncio.Semaphore(concurrency)
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+
+        async def one(row: np.ndarray) -> np.ndarray | str:
+            async with limit:
+                try:
+                    response = await stub.ModelInfer(_mlp_request(row), timeout=30)
+                except grpc.aio.AioRpcError as exc:
+                    return f"{exc.code().name}: {exc.details()}"
+                return np.frombuffer(response.raw_output_contents[0], "<f4").reshape(10)
+
+        return await asyncio.gather(*(one(row) for row in rows))
+
+
+def _reference(cluster: Cluster, rows: np.ndarray) -> np.ndarray:
+    """The model artifact run locally, outside Sluice."""
+    module = torch.export.load(str(cluster.repository / "mlp" / "1" / "model.pt2")).module()
+    with torch.inference_mode():
+        chunks = [module(input=torch.from_numpy(rows[i : i + 50])) for i in range(0, len(rows), 50)]
+    return torch.cat(chunks).numpy()
+
+
+def _batch_histogram(cluster: Cluster) -> tuple[float, float]:
+    """(batches, rows) the router has sent for mlp, from its /metrics."""
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=5).read().decode()
+    )
+    for family in text_string_to_metric_families(text):
+        if family.name == "sluice_router_batch_size":
+            samples = {s.name: s.value for s in family.samples if s.labels.get("model") == "mlp"}
+            return samples.get("sluice_router_batch_size_count", 0.0), samples.get(
+                "sluice_router_batch_size_sum", 0.0
+            )
+    raise AssertionError("sluice_router_batch_size not exported")
+
+
+def test_500_concurrent_requests_match_the_artifact_and_are_batched(cluster: Cluster) -> None:
+    rows = np.random.default_rng(7).standard_normal((500, 256)).astype(np.float32)
+    before_batches, before_rows = _batch_histogram(cluster)
+    outputs = asyncio.run(_infer_all(cluster.addr, rows, concurrency=500))
+    errors = [o for o in outputs if isinstance(o, str)]
+    assert not errors, Counter(errors)
+    np.testing.assert_allclose(np.stack(outputs), _reference(cluster, rows), rtol=0, atol=1e-5)
+    batches, total_rows = _batch_histogram(cluster)
+    assert total_rows - before_rows == 500
+    assert batches - before_batches < 500, "no batch held more than one request"
+
+
+def test_cli_health_workers_and_infer(cluster: Cluster) -> None:
+    def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60
+        )
+
+    assert sluice("health", cluster.addr).returncode == 0
+    assert sluice("health", "127.0.0.1:1").returncode == 2
+    listing = sluice("workers", "--etcd", f"127.0.0.1:{cluster.etcd_port}")
+    assert listing.returncode == 0, listing.stderr
+    assert "worker-1" in listing.stdout and "worker-2" in listing.stdout and "mlp:1" in listing.stdout
+    inferred = sluice("infer", "--model", "mlp", "--random", "--addr", cluster.addr)
+    assert inferred.returncode == 0, inferred.stderr
+    assert "version 1" in inferred.stdout and "batch size" in inferred.stdout and "latency" in inferred.stdout
+    missing = sluice("infer", "--model", "nope", "--random", "--addr", cluster.addr)
+    assert missing.returncode == 3 and "NOT_FOUND" in missing.stderr
+
+
+TRITON_CLIENT_SCRIPT = """
+import sys
+import numpy as np
+import tritonclient.grpc as tc
+client = tc.InferenceServerClient(sys.argv[1])
+assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
+meta = client.get_model_metadata("mlp")
+assert meta.name == "mlp" and list(meta.inputs[0].shape) == [-1, 256], meta
+x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
+tensor = tc.InferInput("input", [2, 256], "FP32")
+tensor.set_data_from_numpy(x)
+result = client.infer("mlp", [tensor], outputs=[tc.InferRequestedOutput("output")])
+np.save(sys.argv[2], np.stack([x[:, :10], result.as_numpy("output")]))
+"""
+
+
+def test_official_triton_client_works_unchanged(cluster: Cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "result.npy"
+    run = subprocess.run(
+        [sys.executable, "-c", TRITON_CLIENT_SCRIPT, cluster.addr, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    x_head, output = np.load(out)
+    x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
+    np.testing.assert_array_equal(x_head, x[:, :10])
+    np.testing.assert_allclose(output, _reference(cluster, x), atol=1e-5)
+
+
+def test_sigterm_on_a_worker_during_load_loses_no_request(cluster: Cluster) -> None:
+    rows = np.random.default_rng(11).standard_normal((3000, 256)).astype(np.float32)
+    [pid] = find_pids("--worker-id worker-2", f"127.0.0.1:{cluster.etcd_port}")
+
+    async def load_and_drain() -> list[np.ndarray | str]:
+        load = asyncio.create_task(_infer_all(cluster.addr, rows, concurrency=32))
+        await asyncio.sleep(0.3)
+        assert not load.done(), "load finished before the drain started; send more requests"
+        subprocess.run(["kill", "-TERM", str(pid)], check=True)
+        return await load
+
+    outputs = asyncio.run(load_and_drain())
+    errors = [o for o in outputs if isinstance(o, str)]
+    assert not errors, Counter(errors)
+    np.testing.assert_allclose(np.stack(outputs), _reference(cluster, rows), atol=1e-5)
+    wait_until(
+        lambda: not find_pids("--worker-id worker-2", f"127.0.0.1:{cluster.etcd_port}"), 30, "worker-2 exit"
+    )
+    assert "worker-2 exited with 0" in (cluster.log_dir / "up.log").read_text()
+    assert signal.SIGTERM  # the signal the test sent: a drain, not a kill
