@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODELS := models
 PYTEST_ARGS ?=
+# Extra flags for `sluice up`, e.g. make run RUN_ARGS="--workers 3 --port 9001"
+RUN_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -41,7 +43,7 @@ $(MODELS)/.generated: $(STAMP)
 models: $(MODELS)/.generated ## generate the demo models (mlp, encoder, synthetic) into models/
 
 run: $(STAMP) $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers
-	@$(VENV)/bin/sluice up --repository $(MODELS)
+	@$(VENV)/bin/sluice up --repository $(MODELS) $(RUN_ARGS)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	@echo "==> ruff"
@@ -55,7 +57,8 @@ test: $(STAMP) lint ## lint, then the unit, integration and e2e tests (starts it
 	@$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) $(MODELS)/.generated ## measure the router hop, saturation throughput and time-to-ready
-	@$(PY) -m bench.spine --repository $(MODELS)
+	@mkdir -p bench/results
+	@$(PY) -m bench.spine --repository $(MODELS) --json bench/results/spine.json
 
 clean: ## remove the virtualenv, generated models and caches
 	rm -rf $(VENV) $(MODELS) .pytest_cache .mypy_cache .ruff_cache *.egg-info

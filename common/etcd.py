@@ -19,8 +19,9 @@ Invariants, and why:
   revision + 1, so no event between the read and the watch is lost.
 - aetcd neither keeps leases alive nor reconnects a broken watch, and a gRPC channel can sit in a long
   reconnect backoff after an outage: after any failure we drop the client and open a fresh one.
-- Every etcd call is bounded by `RPC_TIMEOUT_S` (aetcd's per-call deadline), so nothing here can hang on
-  an etcd that accepts connections but does not answer.
+- Every request/response etcd call is bounded by `RPC_TIMEOUT_S` (aetcd's per-call deadline), and an
+  open watch stream is pinged by gRPC (a dead peer breaks it in ~15 s), so nothing here hangs on an etcd
+  that is frozen or cut off.
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ WATCH_BACKOFF_S: Final = (0.1, 2.0)
 # every 10 s so a frozen or partitioned etcd breaks it within ~15 s instead of hanging it: grpcio 1.85
 # enforces the ping-ack deadline through `ping_timeout_ms` (default 60 s), not `keepalive_timeout_ms`,
 # and stops pinging an idle stream after 2 pings unless `max_pings_without_data` is 0. etcd accepts
-# pings every 5 s or slower while a call is open (its default enforcement policy).
+# pings every 5 s or slower while a call is open (its default enforcement policy). A local subchannel
+# pool makes a new client really dial anew: with gRPC's default global pool it would share the old
+# client's connection, still in reconnect backoff, and fail with "connection refused" after etcd is back.
 _CHANNEL_OPTIONS: Final[dict[str, Any]] = {
+    "grpc.use_local_subchannel_pool": 1,
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,

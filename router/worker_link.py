@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.http2.ping_timeout_ms", 1000),  # grpcio 1.85 enforces the ping-ack deadline with this one
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]

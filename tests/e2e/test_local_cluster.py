@@ -154,4 +154,6 @@ def test_sigterm_on_a_worker_during_load_loses_no_request(cluster: Cluster) -> N
     wait_until(
         lambda: not find_pids("--worker-id worker-2", f"127.0.0.1:{cluster.etcd_port}"), 30, "worker-2 exit"
     )
-    assert "worker-2 exited with 0" in (cluster.log_dir / "up.log").read_text()
+    wait_until(
+        lambda: "worker-2 exited with 0" in (cluster.log_dir / "up.log").read_text(), 5, "sluice up to report"
+    )

@@ -111,7 +111,8 @@ class SnapshotRecorder:
         self._prefix = prefix
         self.snapshots: list[Snapshot] = []
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Consume the generator until cancelled."""
         async for snapshot in watch_prefix_snapshots(self._settings, self._prefix):
             self.snapshots.append(snapshot)
 
@@ -128,7 +129,7 @@ class SnapshotRecorder:
 async def recording(settings: EtcdSettings, prefix: str) -> AsyncIterator[SnapshotRecorder]:
     """A running SnapshotRecorder; cancelled (and checked for leftovers) on exit."""
     recorder = SnapshotRecorder(settings, prefix)
-    task = asyncio.create_task(recorder._run())
+    task = asyncio.create_task(recorder.run())
     try:
         yield recorder
     finally:

@@ -1,0 +1,1 @@
+"""Benchmarks and (later) the load generator and simulator. May import common/ and router/policy/."""
