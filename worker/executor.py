@@ -8,7 +8,11 @@ executor thread); `run` blocks for the whole batch. Invariants:
   max_batch_size rows (shapes that differ run as separate forwards; padding to buckets comes later);
 - if a forward raises, every item of that forward gets Internal with the exception's message;
 - returned arrays are C-contiguous and own their memory (no views of batch buffers).
-No clock is read here: the shell measures queue and execute time around `run`.
+Two stages, so the next batch's staging overlaps the current forward: `prepare` validates, concatenates
+and starts the host→device copy (pinned buffers, non-blocking, on a dedicated copy stream under CUDA);
+`execute` waits for that copy, runs the forward and copies outputs back. `run` is both in sequence.
+`prepare` and `execute` may run on two threads, one batch each at a time.
+No clock is read here: the shell measures queue and execute time around `execute`.
 """
 
 from __future__ import annotations
@@ -72,6 +76,28 @@ class _Planned:
     rows: int
 
 
+@dataclass
+class _Staged:
+    """One forward's items with their inputs already on (or on the way to) the device."""
+
+    group: list[_Planned]
+    rows: int
+    tensors: dict[str, torch.Tensor] | None
+    error: Internal | None = None
+
+
+@dataclass
+class PreparedBatch:
+    """A batch after `prepare`: outcomes of items that failed validation, and the staged forwards."""
+
+    model: LoadedModel
+    size: int
+    requested: list[str]
+    outcomes: dict[int, ItemOutcome]
+    forwards: list[_Staged]
+    copied: Any = None  # a torch.cuda.Event recorded on the copy stream, under CUDA
+
+
 class Executor:
     """Executes batches for the models loaded on one device, one batch at a time."""
 
@@ -80,6 +106,8 @@ class Executor:
         # Intra-op threads: 1 by default, since several workers share small machines and more threads
         # make latency swing wildly under contention (DEPENDENCIES.md, PyTorch).
         torch.set_num_threads(torch_threads)
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         """Load `spec` onto this executor's device (not yet warmed up)."""
@@ -89,27 +117,46 @@ class Executor:
         self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
     ) -> list[ItemOutcome]:
         """Execute `items` as one batch (or a few forwards when shapes differ); one outcome per item."""
+        return self.execute(self.prepare(model, items, outputs))
+
+    def prepare(
+        self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
+    ) -> PreparedBatch:
+        """Validate, group and stage inputs on the device (asynchronously under CUDA)."""
         config = model.spec.config
         declared = [t.name for t in config.outputs]
+        requested = list(dict.fromkeys(outputs)) or declared
+        prepared = PreparedBatch(model, len(items), requested, {}, [])
         unknown = [name for name in outputs if name not in declared]
         if unknown:
             error = InvalidArgument(
                 f"model {config.name!r} has no output(s) {unknown} (outputs: {declared})",
                 reason="unknown_output",
             )
-            return [ItemOutcome(item.item_id, None, error) for item in items]
-        requested = list(dict.fromkeys(outputs)) or declared
-        outcomes: dict[int, ItemOutcome] = {}
+            prepared.outcomes = {i: ItemOutcome(item.item_id, None, error) for i, item in enumerate(items)}
+            return prepared
         valid: list[_Planned] = []
         for index, item in enumerate(items):
             try:
                 valid.append(_Planned(index, item, _check_item(config, item)))
             except InvalidArgument as exc:
-                outcomes[index] = ItemOutcome(item.item_id, None, exc)
-        for group in _forward_groups(config, valid):
-            for planned, outcome in zip(group, self._forward(model, group, requested), strict=True):
+                prepared.outcomes[index] = ItemOutcome(item.item_id, None, exc)
+        prepared.forwards = [self._stage(model, group) for group in _forward_groups(config, valid)]
+        if self._copy_stream is not None:
+            prepared.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            prepared.copied.record(self._copy_stream)
+        return prepared
+
+    def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
+        """Run the staged forwards and split their outputs; one outcome per item, in input order."""
+        if prepared.copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(prepared.copied)
+        outcomes = dict(prepared.outcomes)
+        for staged in prepared.forwards:
+            results = self._forward(prepared.model, staged, prepared.requested)
+            for planned, outcome in zip(staged.group, results, strict=True):
                 outcomes[planned.index] = outcome
-        return [outcomes[index] for index in range(len(items))]
+        return [outcomes[index] for index in range(prepared.size)]
 
     def warm_up(self, model: LoadedModel) -> None:
         """Run each warm-up batch size once with zeros; raises Internal if any fails (model not ready)."""
@@ -124,7 +171,7 @@ class Executor:
                         reason="warmup_failed",
                     )
 
-    def _forward(self, model: LoadedModel, group: list[_Planned], requested: list[str]) -> list[ItemOutcome]:
+    def _stage(self, model: LoadedModel, group: list[_Planned]) -> _Staged:
         config = model.spec.config
         rows = sum(p.rows for p in group)
         try:
@@ -132,6 +179,17 @@ class Executor:
                 t.name: self._to_device(np.concatenate([p.item.inputs[t.name] for p in group]))
                 for t in config.inputs
             }
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            return _Staged(group, rows, None, _model_error(model, rows, exc))
+        return _Staged(group, rows, tensors)
+
+    def _forward(self, model: LoadedModel, staged: _Staged, requested: list[str]) -> list[ItemOutcome]:
+        config = model.spec.config
+        group, rows = staged.group, staged.rows
+        try:
+            if staged.tensors is None:
+                raise staged.error or RuntimeError("inputs were not staged")
+            tensors = dict(staged.tensors)
             masked = config.masked_input
             if masked is not None and config.batching.mask_input is not None:
                 length = tensors[masked.name].shape[1 + masked.dims.index(-1)]
@@ -144,12 +202,7 @@ class Executor:
         except Exception as exc:
             # The model's own code may raise anything; it concerns this forward's items only, and the
             # message travels to the client (the shell logs the traceback from __cause__).
-            error = Internal(
-                f"model {config.name!r} v{model.spec.version} failed on a batch of {rows} rows: "
-                f"{type(exc).__name__}: {exc}",
-                reason="model_error",
-            )
-            error.__cause__ = exc
+            error = exc if isinstance(exc, Internal) else _model_error(model, rows, exc)
             return [ItemOutcome(p.item.item_id, None, error) for p in group]
         outcomes = []
         start = 0
@@ -162,11 +215,15 @@ class Executor:
 
     def _to_device(self, array: Array) -> torch.Tensor:
         tensor = torch.from_numpy(array)
-        if self.device.type == "cuda":
-            # Pinned staging makes the host→device copy asynchronous; the caching host allocator keeps the
-            # block alive until the copy's stream has consumed it.
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor.to(self.device)
+        if self._copy_stream is None:
+            return tensor.to(self.device)
+        # Pinned staging makes the host→device copy asynchronous, and the copy stream lets it run while
+        # the compute stream is busy with the previous batch; `record_stream` tells the caching allocator
+        # the compute stream uses the result, so its memory is not reused too early.
+        with torch.cuda.stream(self._copy_stream):
+            on_device = tensor.pin_memory().to(self.device, non_blocking=True)
+        on_device.record_stream(torch.cuda.current_stream(self.device))
+        return on_device
 
     def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, Array]:
         if self.device.type != "cuda":
@@ -178,6 +235,16 @@ class Executor:
             staged[name] = host
         torch.cuda.synchronize(self.device)
         return {name: host.numpy() for name, host in staged.items()}
+
+
+def _model_error(model: LoadedModel, rows: int, exc: BaseException) -> Internal:
+    error = Internal(
+        f"model {model.spec.config.name!r} v{model.spec.version} failed on a batch of {rows} rows: "
+        f"{type(exc).__name__}: {exc}",
+        reason="model_error",
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:

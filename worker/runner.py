@@ -2,13 +2,17 @@
 
 Each accepted batch gets exactly one BatchResult with an outcome for every item, sent on the stream it
 came from. Items are skipped (never executed) when the router cancelled them or their deadline budget ran
-out before execution; an item cancelled while executing gets CANCELLED instead of its outputs. The
-forward pass runs on one dedicated thread, so the event loop keeps reading streams meanwhile.
+out before staging; an item cancelled while executing gets CANCELLED instead of its outputs.
+
+Two stages on two threads, so the event loop keeps reading streams and the device never waits for host
+work: the staging thread decodes, validates, concatenates and starts the copy to the device of batch N+1
+while the device thread runs the forward of batch N. At most one staged batch waits for the device.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import Cancelled, Code, DeadlineExceeded, NotFound, SluiceError
+from common.errors import Cancelled, Code, DeadlineExceeded, Internal, NotFound, SluiceError
 from common.pb.sluice.v1 import worker_pb2
 from common.tensors import from_wire, to_wire
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel
+from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
 from worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
 
 BUSY_WINDOW_S = 5.0
 
@@ -48,6 +54,16 @@ class _Work:
     received_at: float
 
 
+@dataclass
+class _Ready:
+    """A batch after staging: items skipped before staging, and what the device must run."""
+
+    work: _Work
+    skipped: list[worker_pb2.ItemResult]
+    runnable: list[ExecItem]
+    prepared: PreparedBatch | None
+
+
 def _error(item_id: int, err: SluiceError) -> worker_pb2.ItemResult:
     return worker_pb2.ItemResult(
         item_id=item_id, error=worker_pb2.ItemError(code=int(err.code), message=err.message)
@@ -69,13 +85,15 @@ class BatchRunner:
         self._metrics = metrics
         self._now = now
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
+        self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
+        self._staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="staging")
+        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._pending = 0
         self._queued_items = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._busy_spans: deque[tuple[float, float]] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.batches_executed = 0
         self.items_executed = 0
 
@@ -90,15 +108,19 @@ class BatchRunner:
         return self._queued_items
 
     def start(self) -> None:
-        """Start executing in the background."""
-        self._task = asyncio.create_task(self._run(), name="batch-runner")
+        """Start staging and executing in the background."""
+        self._tasks = [
+            asyncio.create_task(self._stage_loop(), name="batch-staging"),
+            asyncio.create_task(self._execute_loop(), name="batch-execution"),
+        ]
 
     async def stop(self) -> None:
-        """Stop the loop and the device thread."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop both loops and their threads."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._staging.shutdown(wait=True, cancel_futures=True)
+        self._device.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
         """Accept a batch for execution."""
@@ -125,41 +147,64 @@ class BatchRunner:
         busy = sum(end - max(start, horizon) for start, end in self._busy_spans)
         return min(1.0, busy / BUSY_WINDOW_S)
 
-    async def _run(self) -> None:
+    async def _stage_loop(self) -> None:
         while True:
             work = await self._queue.get()
             try:
-                result = await self._execute(work)
-                work.stream.send(worker_pb2.WorkerMessage(result=result))
+                ready = await self._stage(work)
+            except Exception as exc:  # a bug must fail this batch's items, not stop the worker
+                log.exception("staging batch %d failed", work.batch.batch_id)
+                ready = _Ready(work, _fail_all(work.batch, exc), [], None)
+            await self._ready.put(ready)
+
+    async def _execute_loop(self) -> None:
+        while True:
+            ready = await self._ready.get()
+            try:
+                try:
+                    result = await self._execute(ready)
+                except Exception as exc:  # a bug must fail this batch's items, not stop the worker
+                    log.exception("executing batch %d failed", ready.work.batch.batch_id)
+                    result = worker_pb2.BatchResult(batch_id=ready.work.batch.batch_id)
+                    result.items.extend(_fail_all(ready.work.batch, exc))
+                ready.work.stream.send(worker_pb2.WorkerMessage(result=result))
             finally:
                 self._pending -= 1
-                self._queued_items -= len(work.batch.items)
+                self._queued_items -= len(ready.work.batch.items)
                 self._metrics.queued_batches.set(self._pending)
                 if self._pending == 0:
                     self._idle.set()
 
-    async def _execute(self, work: _Work) -> worker_pb2.BatchResult:
+    async def _stage(self, work: _Work) -> _Ready:
         batch = work.batch
-        result = worker_pb2.BatchResult(batch_id=batch.batch_id)
         model = self._models.get((batch.model, batch.version))
         if model is None:
             missing = NotFound(f"worker does not serve {batch.model} version {batch.version}")
-            result.items.extend(_error(item.item_id, missing) for item in batch.items)
-            return result
-        start = self._now()
-        runnable, skipped = self._select(work, start)
-        outcomes: list[ItemOutcome] = []
+            return _Ready(work, [_error(item.item_id, missing) for item in batch.items], [], None)
+        runnable, skipped = self._select(work, self._now())
+        prepared = None
         if runnable:
-            outcomes = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._executor.run, model, runnable, list(batch.outputs)
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(
+                self._staging, self._executor.prepare, model, runnable, list(batch.outputs)
             )
+        return _Ready(work, skipped, runnable, prepared)
+
+    async def _execute(self, ready: _Ready) -> worker_pb2.BatchResult:
+        work = ready.work
+        result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
+        start = self._now()
+        outcomes: list[ItemOutcome] = []
+        if ready.prepared is not None:
+            loop = asyncio.get_running_loop()
+            outcomes = await loop.run_in_executor(self._device, self._executor.execute, ready.prepared)
         end = self._now()
-        result.items.extend(skipped)
+        result.items.extend(ready.skipped)
         result.items.extend(self._encode(o, work.stream) for o in outcomes)
-        result.executed_size = sum(_rows(item) for item in runnable)
+        result.executed_size = sum(_rows(item) for item in ready.runnable)
         result.queue_us = round((start - work.received_at) * 1e6)
         result.execute_us = round((end - start) * 1e6)
-        self._account(batch.model, work, result, start, end)
+        self._account(work.batch.model, work, result, start, end)
         return result
 
     def _select(self, work: _Work, now: float) -> tuple[list[ExecItem], list[worker_pb2.ItemResult]]:
@@ -205,6 +250,11 @@ class BatchRunner:
             code = item.error.code if item.HasField("error") else 0
             m.items.labels(model, _code_name(code)).inc()
         m.busy_ratio.set(self.busy_fraction())
+
+
+def _fail_all(batch: worker_pb2.Batch, exc: Exception) -> list[worker_pb2.ItemResult]:
+    error = Internal(f"worker failed on this batch: {type(exc).__name__}: {exc}", reason="worker_bug")
+    return [_error(item.item_id, error) for item in batch.items]
 
 
 def _rows(item: ExecItem) -> int:

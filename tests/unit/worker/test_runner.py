@@ -1,0 +1,118 @@
+"""BatchRunner: one result per batch with an outcome per item, skips, and staging overlapping execution."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from common.errors import Code
+from common.pb.sluice.v1 import worker_pb2
+from common.tensors import from_wire, to_wire
+from tests.unit.worker.fakes import RecordingBackend, fake_model, synthetic_config
+from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
+from worker.metrics import WorkerMetrics
+from worker.runner import BatchRunner, StreamState
+
+MODEL = fake_model(synthetic_config(), RecordingBackend())
+
+
+def batch(
+    batch_id: int, item_ids: Sequence[int], budget_us: int = 10_000_000, model: str = "toy"
+) -> worker_pb2.Batch:
+    message = worker_pb2.Batch(batch_id=batch_id, model=model, version="1")
+    for item_id in item_ids:
+        x = np.full((1, 4), float(item_id), dtype="<f4")
+        message.items.add(item_id=item_id, inputs=[to_wire("x", x)], budget_us=budget_us)
+    return message
+
+
+async def results(stream: StreamState, count: int) -> list[worker_pb2.BatchResult]:
+    out: list[worker_pb2.BatchResult] = []
+    while len(out) < count:
+        message = await asyncio.wait_for(stream.outbox.get(), 5)
+        assert message is not None
+        if message.WhichOneof("kind") == "result":
+            out.append(message.result)
+    return out
+
+
+async def run_batches(
+    runner: BatchRunner, *batches: worker_pb2.Batch, stream: StreamState
+) -> list[worker_pb2.BatchResult]:
+    runner.start()
+    try:
+        for message in batches:
+            runner.submit(message, stream)
+        return await results(stream, len(batches))
+    finally:
+        await runner.stop()
+
+
+async def test_every_item_gets_exactly_one_outcome() -> None:
+    runner = BatchRunner(Executor(), {("toy", "1"): MODEL}, WorkerMetrics())
+    stream = StreamState()
+    stream.cancelled.add(2)
+    [result] = await run_batches(runner, batch(7, [1, 2, 3]), stream=stream)
+    by_id = {item.item_id: item for item in result.items}
+    assert result.batch_id == 7 and sorted(by_id) == [1, 2, 3]
+    assert by_id[2].error.code == Code.CANCELLED and not by_id[2].outputs
+    np.testing.assert_array_equal(from_wire(by_id[3].outputs[0]), np.full((1, 4), 4.0, "<f4"))
+    assert result.executed_size == 2
+
+
+async def test_items_past_their_budget_are_not_executed() -> None:
+    backend = RecordingBackend()
+    runner = BatchRunner(Executor(), {("toy", "1"): fake_model(synthetic_config(), backend)}, WorkerMetrics())
+    [result] = await run_batches(runner, batch(1, [5], budget_us=1), stream=StreamState())
+    assert result.items[0].error.code == Code.DEADLINE_EXCEEDED
+    assert backend.calls == []
+
+
+async def test_unknown_model_fails_every_item_not_found() -> None:
+    runner = BatchRunner(Executor(), {("toy", "1"): MODEL}, WorkerMetrics())
+    [result] = await run_batches(runner, batch(1, [1, 2], model="other"), stream=StreamState())
+    assert [i.error.code for i in result.items] == [Code.NOT_FOUND, Code.NOT_FOUND]
+
+
+class SlowBackend(RecordingBackend):
+    """Each forward takes 0.2 s, like a device busy with a large batch."""
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        time.sleep(0.2)
+        return super().forward(inputs)
+
+
+class TimedExecutor(Executor):
+    """Records when each batch's staging started and when each forward ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+
+    def prepare(
+        self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
+    ) -> PreparedBatch:
+        with self._lock:
+            self.events.append(("prepare", time.monotonic()))
+        return super().prepare(model, items, outputs)
+
+    def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
+        outcomes = super().execute(prepared)
+        with self._lock:
+            self.events.append(("executed", time.monotonic()))
+        return outcomes
+
+
+async def test_next_batch_is_staged_while_the_current_one_executes() -> None:
+    executor = TimedExecutor()
+    model = fake_model(synthetic_config(), SlowBackend())
+    runner = BatchRunner(executor, {("toy", "1"): model}, WorkerMetrics())
+    await run_batches(runner, batch(1, [1]), batch(2, [2]), stream=StreamState())
+    kinds = [kind for kind, _ in sorted(executor.events, key=lambda e: e[1])]
+    assert kinds == ["prepare", "prepare", "executed", "executed"]
