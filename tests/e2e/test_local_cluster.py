@@ -86,12 +86,36 @@ def test_500_concurrent_requests_match_the_artifact_and_are_batched(cluster: Clu
     assert batches - before_batches < 500, "no batch held more than one request"
 
 
-def test_cli_health_workers_and_infer(cluster: Cluster) -> None:
-    def sluice(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60, check=False
-        )
+def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
+
+def test_stream_infer_answers_every_request_in_completion_order(cluster: Cluster) -> None:
+    rows = np.random.default_rng(5).standard_normal((20, 256)).astype(np.float32)
+
+    async def stream() -> list[kserve.ModelStreamInferResponse]:
+        requests = [_mlp_request(row) for row in rows]
+        for index, request in enumerate(requests):
+            request.id = str(index)
+        bad = kserve.ModelInferRequest(model_name="mlp", id="bad")
+        bad.inputs.add(name="input", datatype="FP32", shape=[1, 3])
+        bad.raw_input_contents.append(b"\0" * 12)
+        async with grpc.aio.insecure_channel(cluster.addr) as channel:
+            call = kserve_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([*requests, bad]))
+            return [response async for response in call]
+
+    responses = asyncio.run(stream())
+    by_id = {r.infer_response.id: r for r in responses}
+    assert len(responses) == 21 and set(by_id) == {*map(str, range(20)), "bad"}
+    assert by_id["bad"].error_message.startswith("INVALID_ARGUMENT")
+    outputs = [np.frombuffer(by_id[str(i)].infer_response.raw_output_contents[0], "<f4") for i in range(20)]
+    np.testing.assert_allclose(np.stack(outputs), _reference(cluster, rows), atol=1e-5)
+
+
+def test_cli_health_workers_and_infer(cluster: Cluster) -> None:
     assert sluice("health", cluster.addr).returncode == 0
     assert sluice("health", "127.0.0.1:1").returncode == 2
     listing = sluice("workers", "--etcd", f"127.0.0.1:{cluster.etcd_port}")
@@ -157,3 +181,15 @@ def test_sigterm_on_a_worker_during_load_loses_no_request(cluster: Cluster) -> N
     wait_until(
         lambda: "worker-2 exited with 0" in (cluster.log_dir / "up.log").read_text(), 5, "sluice up to report"
     )
+
+
+def test_sluice_drain_removes_the_last_worker_cleanly(cluster: Cluster) -> None:
+    etcd = f"127.0.0.1:{cluster.etcd_port}"
+    drained = sluice("drain", "worker-1", "--etcd", etcd, "--wait", "20")
+    assert drained.returncode == 0, drained.stderr
+    wait_until(
+        lambda: "worker-1 exited with 0" in (cluster.log_dir / "up.log").read_text(), 20, "worker-1 exit"
+    )
+    listing = sluice("workers", "--etcd", etcd)
+    assert "0 worker(s)" in listing.stdout
+    assert sluice("health", cluster.addr).returncode == 4  # router alive, nothing to serve with
