@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "SLUICE_"
 
@@ -95,12 +96,79 @@ class WorkerSettings(_Section):
         return value
 
 
+ANONYMOUS_TENANT = "anonymous"
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class TenantSettings(_Section):
+    """One tenant's identity and quotas (DESIGN.md §8). Priorities follow Triton: 1 is the highest."""
+
+    api_keys: list[str] = []
+    """SHA-256 of each API key, as `sha256:<hex>` (`sluice keys hash KEY` prints one); keys never stored."""
+    rate: float = Field(default=100.0, gt=0)
+    """Requests per second (token-bucket refill), split across live routers."""
+    burst: int = Field(default=100, ge=1)
+    """Token-bucket size: how many requests may arrive at once above the rate."""
+    max_inflight: int = Field(default=64, ge=1)
+    """Requests admitted and not yet answered, split across live routers."""
+    weight: float = Field(default=1.0, gt=0)
+    """Fair share within a priority level, relative to the other tenants queued there."""
+    default_priority: int = Field(default=2, ge=1)
+    """Priority of requests that ask for 0 (or none)."""
+    max_priority: int = Field(default=1, ge=1)
+    """The best priority this tenant may use; requests asking for better are capped to it."""
+    models: list[str] = ["*"]
+    """Models this tenant may call (glob patterns)."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashed(cls, value: list[str]) -> list[str]:
+        bad = [k for k in value if not _KEY_HASH.match(k)]
+        if bad:
+            raise ValueError("each key must be 'sha256:' + 64 lowercase hex digits (see `sluice keys hash`)")
+        return value
+
+    @model_validator(mode="after")
+    def _priorities_agree(self) -> TenantSettings:
+        if self.default_priority < self.max_priority:
+            raise ValueError("default_priority must not be better (lower) than max_priority")
+        return self
+
+
+class AdmissionSettings(_Section):
+    """Admission and overload control: bounds, the global quota, anti-starvation."""
+
+    enabled: bool = True
+    """False turns every check off (a plain unbounded FIFO): only for baseline comparisons."""
+    global_rate: float | None = Field(default=None, gt=0)
+    """Requests per second for the whole cluster, split across live routers; unset: no global limit."""
+    global_burst: int = Field(default=1000, ge=1)
+    """Bucket size of the global limit."""
+    lane_max_queued: int = Field(default=1000, ge=1)
+    """Most requests one lane (model, version, shape) may hold queued."""
+    max_queued_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    """Most input bytes all lanes together may hold queued."""
+    aging_s: float = Field(default=2.0, gt=0)
+    """A queued request competes one priority level higher per `aging_s` waited, so low priorities never
+    starve."""
+    estimate_margin: float = Field(default=1.2, ge=1.0)
+    """Safety factor on learned execution-time estimates when judging whether a deadline can be met."""
+    require_api_key: bool = False
+    """Refuse requests without a key even when an `anonymous` tenant is configured."""
+
+
 class SluiceConfig(_Section):
     """The whole `sluice.yaml`."""
 
     etcd: EtcdSettings = EtcdSettings()
     router: RouterSettings = RouterSettings()
     worker: WorkerSettings = WorkerSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    tenants: dict[str, TenantSettings] = {
+        ANONYMOUS_TENANT: TenantSettings(rate=1e9, burst=1_000_000, max_inflight=1_000_000)
+    }
+    """Tenants by name. The default serves key-less requests (local mode) with no practical quota;
+    configuring `tenants:` replaces it, so production configs list exactly who may call."""
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

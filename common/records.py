@@ -37,6 +37,9 @@ class ModelRecord(BaseModel):
     max_wait_s: float = Field(ge=0, description="longest a queued request waits for a fuller batch")
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    warmup_s: dict[int, float] = Field(
+        default_factory=dict, description="forward time by batch size measured at warm-up (seeds estimates)"
+    )
 
 
 class WorkerRecord(BaseModel):

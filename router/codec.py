@@ -38,6 +38,16 @@ def _param_value(param: kserve.InferParameter) -> bool | int | float | str | Non
     return None if kind is None else getattr(param, kind)
 
 
+def int_parameter(request: kserve.ModelInferRequest, name: str) -> int | None:
+    """An integer request parameter (e.g. `priority`), None when absent; InvalidArgument if not an int."""
+    if name not in request.parameters:
+        return None
+    value = _param_value(request.parameters[name])
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f'parameters["{name}"] must be an integer', reason=f"bad_{name}")
+    return value
+
+
 def timeout_parameter(request: kserve.ModelInferRequest) -> float | None:
     """`parameters["timeout"]` in microseconds (Triton's convention), as seconds."""
     if "timeout" not in request.parameters:

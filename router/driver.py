@@ -14,12 +14,16 @@ import logging
 from dataclasses import dataclass
 
 from common.clock import Clock
+from common.config import AdmissionSettings, TenantSettings
 from common.errors import DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
 from common.pb.sluice.v1 import worker_pb2
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
-from router.policy.dispatcher import Decision, Dispatch, Dispatcher
+from router.policy.admission import AdmissionController, queue_bounds
+from router.policy.dispatcher import Decision, Dispatch, Dispatcher, Rejections
+from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import LaneLimits, QueuedRequest
+from router.policy.tenants import Tenant
 from router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
@@ -60,11 +64,23 @@ def _settle(request: QueuedRequest, outcome: ItemReply | SluiceError) -> None:
 
 
 class Driver:
-    """Owns the Dispatcher and the loop that runs it."""
+    """Owns the admission controller, the Dispatcher and the loop that runs them."""
 
-    def __init__(self, clock: Clock, links: WorkerLinks, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        links: WorkerLinks,
+        metrics: RouterMetrics,
+        admission: AdmissionSettings | None = None,
+        tenants: dict[str, TenantSettings] | None = None,
+    ) -> None:
         self.clock = clock
-        self.dispatcher = Dispatcher()
+        admission = admission or AdmissionSettings()
+        self.estimates = ServiceEstimates()
+        self.dispatcher = Dispatcher(
+            estimates=self.estimates, bounds=queue_bounds(admission), aging_s=admission.aging_s
+        )
+        self.admission = AdmissionController(admission, tenants or {}, self.dispatcher, clock.now())
         self._links = links
         self._metrics = metrics
         self._ids = itertools.count(1)
@@ -103,8 +119,10 @@ class Driver:
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
     # -- requests -----------------------------------------------------------------------------------------
-    async def infer(self, decoded: DecodedRequest, deadline: float) -> ItemReply:
-        """Queue a validated request and wait for its outcome."""
+    async def infer(
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+    ) -> ItemReply:
+        """Admit a validated request, queue it and wait for its outcome."""
         now = self.clock.now()
         record = decoded.record
         if deadline <= now:
@@ -115,18 +133,36 @@ class Driver:
                 reason="no_worker",
                 retry_after_s=1.0,
             )
-        request_id = next(self._ids)
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
         request = QueuedRequest(
-            request_id, decoded.lane, decoded.rows, now, deadline, Pending(decoded, future)
+            next(self._ids),
+            decoded.lane,
+            decoded.rows,
+            now,
+            deadline,
+            Pending(decoded, future),
+            tenant=tenant.name,
+            priority=priority,
+            weight=tenant.settings.weight,
+            size_bytes=sum(len(t.data) for t in decoded.inputs),
         )
-        self.dispatcher.submit(request, LaneLimits(record.max_batch_size, record.max_wait_s))
+        limits = LaneLimits(record.max_batch_size, record.max_wait_s)
+        self._settle_all(self.admission.admit(request, limits, now))
+        self._metrics.admissions.labels(tenant.name, str(priority)).inc()
         self._wake.set()
         try:
             return await future
         except asyncio.CancelledError:
-            self._cancel(request_id)
+            self._cancel(request.request_id)
             raise
+        finally:
+            self.admission.release(request)
+
+    def _settle_all(self, rejected: Rejections) -> None:
+        for request, error in rejected:
+            if error.reason == "shed":
+                self._metrics.shed.labels(request.tenant, str(request.priority)).inc()
+            _settle(request, error)
 
     def _cancel(self, request_id: int) -> None:
         if self.dispatcher.cancel(request_id) is not None:
@@ -138,8 +174,7 @@ class Driver:
 
     # -- decisions ----------------------------------------------------------------------------------------
     def _carry_out(self, decision: Decision) -> None:
-        for request, error in decision.rejected:
-            _settle(request, error)
+        self._settle_all(decision.rejected)
         now = self.clock.now()
         for dispatch in decision.dispatches:
             self._send(dispatch, now)
@@ -172,6 +207,9 @@ class Driver:
             return
         sent_at = self._dispatched_at.pop(dispatch.batch_id, self.clock.now())
         self._metrics.execute.labels(dispatch.lane.model).observe(result.execute_us / 1e6)
+        if result.executed_size:
+            key = dispatch.lane
+            self.estimates.observe(key.model, key.version, result.executed_size, result.execute_us / 1e6)
         outcomes = {item.item_id: item for item in result.items}
         for request in dispatch.requests:
             self._item_worker.pop(request.request_id, None)

@@ -29,6 +29,7 @@ from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
 from router.driver import Driver
 from router.membership import Membership
 from router.metrics import RouterMetrics
+from router.peers import PeerView
 from router.policy.catalog import ModelCatalog
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.worker_link import WorkerLinks
@@ -55,7 +56,15 @@ class RouterServer:
         self.metrics = RouterMetrics()
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
-        self.driver = Driver(self.clock, self.links, self.metrics)
+        self.driver = Driver(self.clock, self.links, self.metrics, config.admission, config.tenants)
+        self.peers = PeerView(
+            config.etcd,
+            config.tenants,
+            require_api_key=config.admission.require_api_key,
+            driver=self.driver,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
         self.membership = Membership(config.etcd, settings, self.driver, self.links, self.catalog)
         self.health = HealthServicer()
         self.port = 0
@@ -75,7 +84,14 @@ class RouterServer:
                 ("grpc.max_receive_message_length", size),
             ]
         )
-        servicer = InferenceServicer(self.driver, self.catalog, settings, self.metrics, self.clock)
+        servicer = InferenceServicer(
+            self.driver,
+            self.catalog,
+            settings=settings,
+            metrics=self.metrics,
+            clock=self.clock,
+            tenants=self.peers.current_directory,
+        )
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         admin_pb2_grpc.add_RouterAdminServicer_to_server(
             RouterAdminServicer(self.membership, self.driver), server
@@ -98,6 +114,7 @@ class RouterServer:
         self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
         self.driver.start()
         self.membership.start()
+        self.peers.start()
         self._health_task = asyncio.create_task(self._track_health(), name="router-health")
         host = settings.listen.rsplit(":", 1)[0]
         advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
@@ -124,7 +141,29 @@ class RouterServer:
                     self.driver.dispatcher.serves(name, v) for v in self.catalog.versions(name)
                 )
                 await self.health.set(f"model/{name}", serving if model_ready else not_serving)
+            self._export_queue_gauges()
             await asyncio.sleep(HEALTH_REFRESH_S)
+
+    def _export_queue_gauges(self) -> None:
+        """Lane depth and oldest age per model version, queued bytes and token-bucket levels."""
+        now = self.clock.now()
+        dispatcher = self.driver.dispatcher
+        depth: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], float] = {}
+        for lane in dispatcher.lanes.values():
+            key = (lane.key.model, lane.key.version)
+            depth[key] = depth.get(key, 0) + len(lane)
+            arrival = lane.oldest_arrival()
+            if arrival is not None:
+                oldest[key] = max(oldest.get(key, 0.0), now - arrival)
+        for name in self.catalog.names():
+            for version in self.catalog.versions(name):
+                key = (name, version)
+                self.metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
+                self.metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
+        self.metrics.queued_bytes.set(dispatcher.queued_bytes)
+        for tenant, level in self.driver.admission.limiter.levels(now).items():
+            self.metrics.token_level.labels(tenant).set(level)
 
     async def stop(self, grace: float = 2.0) -> None:
         """Deregister, stop accepting, settle every request, close streams."""
@@ -138,6 +177,7 @@ class RouterServer:
             await self._server.stop(grace)
         await self.driver.stop()
         await self.membership.stop()
+        await self.peers.stop()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
 

@@ -91,6 +91,9 @@ class Membership:
         """Make links and the worker pool match `records`."""
         previous, self.records = self.records, records
         self._catalog.update(records)
+        for record in records.values():
+            for model in record.models:
+                self._driver.estimates.seed(model.name, model.version, model.warmup_s)
         for worker_id in previous.keys() - records.keys():
             self._spawn(self._retire(worker_id))
         for worker_id, record in records.items():

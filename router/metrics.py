@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from common.errors import SluiceError
 from common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+
+UNKNOWN_TENANT = "unknown"
+"""Label for requests rejected before their tenant was known (missing or unknown key)."""
 
 
 class RouterMetrics:
@@ -39,7 +43,41 @@ class RouterMetrics:
         self.in_flight_batches = Gauge(
             "sluice_router_in_flight_batches", "Batches sent to workers and not yet answered", registry=r,
         )  # fmt: skip
+        self.admissions = Counter(
+            "sluice_router_admissions", "Requests admitted into a queue",
+            ["tenant", "priority"], registry=r,
+        )  # fmt: skip
+        self.rejections = Counter(
+            "sluice_router_rejections", "Requests refused, shed or expired before a result, by reason",
+            ["reason", "code", "tenant", "priority"], registry=r,
+        )  # fmt: skip
+        self.shed = Counter(
+            "sluice_router_shed", "Queued requests evicted to make room for higher-priority work",
+            ["tenant", "priority"], registry=r,
+        )  # fmt: skip
+        self.lane_depth = Gauge(
+            "sluice_router_lane_depth", "Requests queued per model version", ["model", "version"], registry=r,
+        )  # fmt: skip
+        self.lane_oldest_age = Gauge(
+            "sluice_router_lane_oldest_age_seconds", "Age of the oldest queued request per model version",
+            ["model", "version"], registry=r,
+        )  # fmt: skip
+        self.queued_bytes = Gauge(
+            "sluice_router_queued_bytes", "Input bytes held by all queues", registry=r,
+        )  # fmt: skip
+        self.token_level = Gauge(
+            "sluice_router_token_bucket_level", "Tokens left in this router's share of a rate limit "
+            "(tenant '*' is the global limit)", ["tenant"], registry=r,
+        )  # fmt: skip
+        self.routers = Gauge(
+            "sluice_router_peers", "Live routers sharing the cluster-wide quotas", registry=r,
+        )  # fmt: skip
         self.workers = Gauge(
             "sluice_router_workers", "Workers known from etcd, by whether they accept batches",
             ["accepting"], registry=r,
         )  # fmt: skip
+
+    def rejected(self, error: SluiceError, tenant: str, priority: int | None) -> None:
+        """Count a request that ended without a result (refused, shed, expired, failed)."""
+        label = str(priority) if priority is not None else "none"
+        self.rejections.labels(error.reason, error.code.name, tenant or UNKNOWN_TENANT, label).inc()

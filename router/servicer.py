@@ -7,23 +7,24 @@ boundary once, in `common.grpc_errors.abort`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeAlias
 
 import grpc
 
 from common.clock import Clock
 from common.config import RouterSettings
-from common.errors import Code, SluiceError
+from common.errors import Code, SluiceError, Unauthenticated
 from common.grpc_errors import abort
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
-from router.codec import decode_infer_request, encode_infer_response, model_metadata
+from router.codec import decode_infer_request, encode_infer_response, int_parameter, model_metadata
 from router.driver import Driver
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.policy.catalog import ModelCatalog
+from router.policy.tenants import TenantDirectory
 
 SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
@@ -43,11 +44,14 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         self,
         driver: Driver,
         catalog: ModelCatalog,
+        *,
         settings: RouterSettings,
         metrics: RouterMetrics,
         clock: Clock,
+        tenants: Callable[[], TenantDirectory],
     ) -> None:
         self._driver = driver
+        self._tenants = tenants
         self._catalog = catalog
         self._settings = settings
         self._metrics = metrics
@@ -97,7 +101,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     ) -> kserve.ModelInferResponse:
         """One request through validation, the queue, a batch and a worker."""
         try:
-            return await self._infer(request, context.time_remaining())
+            return await self._infer(request, context.time_remaining(), context.invocation_metadata())
         except SluiceError as err:
             await abort(context, err)
 
@@ -110,7 +114,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
         async def serve_one(request: kserve.ModelInferRequest) -> None:
             try:
-                response = await self._infer(request, context.time_remaining())
+                response = await self._infer(request, context.time_remaining(), context.invocation_metadata())
                 await done.put(kserve.ModelStreamInferResponse(infer_response=response))
             except SluiceError as err:
                 echo = kserve.ModelInferResponse(model_name=request.model_name, id=request.id)
@@ -136,19 +140,27 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             await asyncio.gather(reader, *list(tasks), return_exceptions=True)
 
     async def _infer(
-        self, request: kserve.ModelInferRequest, time_remaining: float | None
+        self,
+        request: kserve.ModelInferRequest,
+        time_remaining: float | None,
+        metadata: Iterable[tuple[str, Any]] | None,
     ) -> kserve.ModelInferResponse:
         start = self._clock.now()
-        label = "unknown"
+        label, tenant_name, priority = "unknown", "", None
         try:
+            tenant = self._tenants().authenticate(api_key(metadata))
+            tenant_name = tenant.name
+            priority = tenant.priority(int_parameter(request, "priority") or 0)
             record = self._catalog.resolve(request.model_name, request.model_version)
             label = record.name
+            TenantDirectory.authorize(tenant, record.name)
             decoded = decode_infer_request(request, record)
             budgets = [t for t in (time_remaining, decoded.timeout_s) if t is not None]
             deadline = start + min(budgets or [self._settings.default_timeout_s])
-            reply = await self._driver.infer(decoded, deadline)
+            reply = await self._driver.infer(decoded, deadline, tenant, priority)
         except SluiceError as err:
             self._metrics.requests.labels(label, err.code.name).inc()
+            self._metrics.rejected(err, tenant_name, priority)
             raise
         except asyncio.CancelledError:
             self._metrics.requests.labels(label, Code.CANCELLED.name).inc()
@@ -156,6 +168,20 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         self._metrics.requests.labels(label, Code.OK.name).inc()
         self._metrics.request_latency.labels(label).observe(self._clock.now() - start)
         return encode_infer_response(decoded, reply.outputs, reply.served)
+
+
+def api_key(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    """The key in `authorization: Bearer <key>`, or None when absent."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated(
+                    "authorization metadata must be 'Bearer <api key>'", reason="bad_auth_header"
+                )
+            return token.strip()
+    return None
 
 
 class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):

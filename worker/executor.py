@@ -162,8 +162,7 @@ class Executor:
         """Run each warm-up batch size once with zeros; raises Internal if any fails (model not ready)."""
         config = model.spec.config
         for size in config.warmup_sizes:
-            items = [ExecItem(i, _zeros_row(config)) for i in range(size)]
-            for outcome in self.run(model, items):
+            for outcome in self.run(model, warmup_items(config, size)):
                 if outcome.error is not None:
                     raise Internal(
                         f"warm-up of {config.name!r} v{model.spec.version} at batch {size} failed: "
@@ -326,6 +325,11 @@ def _check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> 
         shape = list(array.shape)
         if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
             raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
+
+
+def warmup_items(config: ModelConfig, size: int) -> list[ExecItem]:
+    """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`."""
+    return [ExecItem(i, _zeros_row(config)) for i in range(size)]
 
 
 def _zeros_row(config: ModelConfig) -> dict[str, Array]:

@@ -27,7 +27,7 @@ from common.metrics import MetricsEndpoint
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
 from worker.backends import load_backend
-from worker.executor import Executor, LoadedModel
+from worker.executor import Executor, LoadedModel, warmup_items
 from worker.metrics import WorkerMetrics
 from worker.repository import scan_repository
 from worker.runner import BatchRunner
@@ -60,6 +60,7 @@ class WorkerProcess:
         self.metrics = WorkerMetrics()
         self.executor = Executor(settings.device, settings.torch_threads)
         self.models: dict[tuple[str, str], LoadedModel] = {}
+        self.warmup_s: dict[tuple[str, str], dict[int, float]] = {}
         self.runner = BatchRunner(self.executor, self.models, self.metrics)
         self.state = WorkerState(self.worker_id, self.runner)
         self.health = HealthServicer()
@@ -110,9 +111,20 @@ class WorkerProcess:
         for spec in scan_repository(settings.repository, settings.models):
             model = LoadedModel(spec, load_backend(spec, settings.device))
             self.executor.warm_up(model)
+            self.warmup_s[(spec.name, spec.version)] = self._time_warm_batches(model)
             self.models[(spec.name, spec.version)] = model
         if not self.models:
             raise RuntimeError(f"no models to serve in {settings.repository}")
+
+    def _time_warm_batches(self, model: LoadedModel) -> dict[int, float]:
+        """Forward time per warm-up batch size on the now-warm model: routers seed their estimates with it."""
+        timings = {}
+        for size in model.spec.config.warmup_sizes:
+            items = warmup_items(model.spec.config, size)
+            start = time.perf_counter()
+            self.executor.run(model, items)
+            timings[size] = time.perf_counter() - start
+        return timings
 
     @property
     def addr(self) -> str:
@@ -130,7 +142,10 @@ class WorkerProcess:
             worker_id=self.worker_id,
             addr=self.addr,
             device=self.config.worker.device,
-            models=tuple(m.spec.record() for m in self.models.values()),
+            models=tuple(
+                m.spec.record().model_copy(update={"warmup_s": self.warmup_s.get(key, {})})
+                for key, m in self.models.items()
+            ),
             capacity=self.config.worker.capacity,
             state=_STATE_NAMES[self.state.state],
             started_at=self.started_at,

@@ -15,6 +15,11 @@ from common.errors import NotFound
 from common.records import ModelRecord, WorkerRecord
 
 
+def _identity(record: ModelRecord) -> dict[str, object]:
+    """What must agree across workers serving one version (warm-up timings are per machine)."""
+    return record.model_dump(exclude={"warmup_s"})
+
+
 def _version_order(version: str) -> tuple[int, str]:
     return (int(version), version) if version.isdigit() else (-1, version)
 
@@ -36,7 +41,7 @@ class ModelCatalog:
             for record in worker.models:
                 versions = models.setdefault(record.name, {})
                 known = versions.setdefault(record.version, record)
-                if known != record:
+                if _identity(known) != _identity(record):
                     conflicts.append(f"{record.name}:{record.version} differs on worker {worker.worker_id}")
                 if worker.state == "ready":
                     ready.add((record.name, record.version))

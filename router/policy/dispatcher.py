@@ -1,4 +1,4 @@
-"""The dispatcher: lanes + batcher + scheduler, driven by events and `poll(now)`.
+"""The dispatcher: lanes + batcher + scheduler + queue bounds, driven by events and `poll(now)`.
 
 The shell calls `submit`, `cancel`, `complete` and the worker_* methods as events happen, then `poll(now)`,
 carries out the returned Decision (send the dispatches, fail the rejected requests) and sleeps until
@@ -6,24 +6,39 @@ carries out the returned Decision (send the dispatches, fail the rejected reques
 
 Invariants:
 - a request is in exactly one of: queued (in a lane), dispatched (in a batch in `in_flight`), or handed back
-  to the shell (in a Decision, or returned by `cancel`/`complete`/`worker_left`);
-- a request whose deadline has passed is never dispatched: `poll` expires before it cuts;
-- a batch never exceeds its lane's `max_batch_size` rows and goes only to a worker with a free slot.
+  to the shell (in a Decision, an eviction list, or returned by `cancel`/`complete`/`worker_left`);
+- a request is never dispatched after its latest start time (it could not meet its deadline): `poll`
+  removes such requests before it cuts, with DEADLINE_EXCEEDED;
+- a batch never exceeds its lane's `max_batch_size` rows and goes only to a worker with a free slot;
+- with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
+  `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request, otherwise
+  the newcomer is refused (UNAVAILABLE, with the time the queue needs to drain as the retry hint).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from common.errors import DeadlineExceeded, SluiceError, Unavailable
 from router.policy.batcher import Cut, TimerBatcher
+from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from router.policy.scheduler import LeastLoaded, WorkerPool
 
 # Retry hint for requests that find no worker serving their model: workers register within seconds.
 NO_WORKER_RETRY_S = 1.0
+MIN_RETRY_S = 0.01
+
+
+@dataclass(frozen=True)
+class QueueBounds:
+    """Limits on queued work."""
+
+    lane_max_queued: int
+    max_queued_bytes: int
 
 
 @dataclass(frozen=True)
@@ -51,35 +66,97 @@ class Decision:
     wake_at: float | None = None
 
 
+Rejections = list[tuple[QueuedRequest, SluiceError]]
+
+
 class Dispatcher:
     """Owns the queued and in-flight requests of one router."""
 
-    def __init__(self, batcher: TimerBatcher | None = None, chooser: LeastLoaded | None = None) -> None:
+    def __init__(
+        self,
+        batcher: TimerBatcher | None = None,
+        chooser: LeastLoaded | None = None,
+        *,
+        estimates: ServiceEstimates | None = None,
+        bounds: QueueBounds | None = None,
+        aging_s: float = math.inf,
+    ) -> None:
         self.batcher = batcher or TimerBatcher()
         self.chooser = chooser or LeastLoaded()
+        self.estimates = estimates or ServiceEstimates()
+        self.bounds = bounds
+        self.aging_s = aging_s
         self.workers = WorkerPool()
         self.lanes: dict[LaneKey, Lane] = {}
         self.in_flight: dict[int, Dispatch] = {}
+        self.queued_bytes = 0
         self._where: dict[int, LaneKey] = {}
-        self._deadlines: list[tuple[float, int]] = []
+        self._latest: list[tuple[float, int]] = []
         self._batch_ids = itertools.count(1)
 
     # -- events -------------------------------------------------------------------------------------------
-    def submit(self, request: QueuedRequest, limits: LaneLimits) -> None:
-        """Queue an admitted request; from now on the dispatcher owns it."""
+    def submit(self, request: QueuedRequest, limits: LaneLimits) -> Rejections:
+        """Queue an admitted request, evicting less important work if a bound requires it.
+
+        Returns the evicted requests (each with its UNAVAILABLE error); raises UNAVAILABLE when the
+        request does not fit and outranks nothing. From now on the dispatcher owns the request.
+        """
         lane = self.lanes.get(request.lane)
         if lane is None:
-            lane = self.lanes[request.lane] = Lane(request.lane, limits)
+            lane = self.lanes[request.lane] = Lane(request.lane, limits, self.aging_s)
+        victims = self._make_room(lane, request) if self.bounds else []
+        evicted: Rejections = []
+        for victim in victims:
+            self.cancel(victim.request_id)
+            hint = self.drain_seconds(victim.lane)
+            evicted.append((victim, Unavailable("shed to make room for higher-priority work", reason="shed",
+                                                retry_after_s=hint)))  # fmt: skip
         lane.push(request)
+        self.queued_bytes += request.size_bytes
         self._where[request.request_id] = request.lane
-        heapq.heappush(self._deadlines, (request.deadline, request.request_id))
+        heapq.heappush(self._latest, (request.latest_start, request.request_id))
+        return evicted
+
+    def _make_room(self, lane: Lane, request: QueuedRequest) -> list[QueuedRequest]:
+        assert self.bounds is not None
+        victims: list[QueuedRequest] = []
+        if len(lane) >= self.bounds.lane_max_queued:
+            victim = lane.victim(request.priority)
+            if victim is None:
+                raise self._full(request, f"lane {lane.key} holds {len(lane)} requests (its limit)")
+            victims.append(victim)
+        excess = self.queued_bytes - sum(v.size_bytes for v in victims) + request.size_bytes
+        excess -= self.bounds.max_queued_bytes
+        if excess > 0:
+            chosen = {v.request_id for v in victims}
+            candidates = sorted(
+                (r for other in self.lanes.values() for r in other if r.priority > request.priority),
+                key=lambda r: (-r.priority, -r.arrival),
+            )
+            for candidate in candidates:
+                if excess <= 0:
+                    break
+                if candidate.request_id not in chosen:
+                    victims.append(candidate)
+                    excess -= candidate.size_bytes
+            if excess > 0:
+                raise self._full(request, f"queued inputs would exceed {self.bounds.max_queued_bytes} bytes")
+        return victims
+
+    def _full(self, request: QueuedRequest, why: str) -> Unavailable:
+        return Unavailable(
+            f"queue full: {why}", reason="queue_full", retry_after_s=self.drain_seconds(request.lane)
+        )
 
     def cancel(self, request_id: int) -> QueuedRequest | None:
-        """Remove a queued request (client went away); None if it is not queued."""
+        """Remove a queued request (client went away, evicted); None if it is not queued."""
         key = self._where.pop(request_id, None)
         if key is None:
             return None
-        return self.lanes[key].remove(request_id)
+        request = self.lanes[key].remove(request_id)
+        if request is not None:
+            self.queued_bytes -= request.size_bytes
+        return request
 
     def complete(self, batch_id: int) -> Dispatch | None:
         """A worker answered a batch: free its slot and hand the batch back."""
@@ -108,15 +185,20 @@ class Dispatcher:
     def poll(self, now: float) -> Decision:
         """Expire, then cut every batch that should leave now; say when to look again."""
         decision = Decision(rejected=self._expire(now))
-        for lane in sorted(self.lanes.values(), key=lambda ln: ln.oldest_arrival() or now):
+        urgency = sorted(self.lanes.values(), key=lambda ln: (ln.earliest_latest_start() or now, ln.key))
+        for lane in urgency:
             self._drain_lane(lane, now, decision)
         for key in [k for k, lane in self.lanes.items() if not len(lane)]:
             del self.lanes[key]
-        decision.wake_at = _earliest(decision.wake_at, self._next_deadline())
+        decision.wake_at = _earliest(decision.wake_at, self._next_latest_start())
         return decision
 
     def _drain_lane(self, lane: Lane, now: float, decision: Decision) -> None:
         key = lane.key
+
+        def batch_seconds(rows: int) -> float:
+            return self.estimates.batch_seconds(key.model, key.version, rows)
+
         while len(lane):
             candidates = self.workers.serving(key.model, key.version)
             if not candidates:
@@ -125,24 +207,25 @@ class Dispatcher:
             worker = self.chooser.choose(candidates)
             if worker is None:
                 return  # every candidate is full; a completion will wake the shell
-            verdict = self.batcher.decide(lane, now, worker_idle=worker.in_flight_batches == 0)
+            idle = worker.in_flight_batches == 0
+            verdict = self.batcher.decide(lane, now, worker_idle=idle, batch_seconds=batch_seconds)
             if not isinstance(verdict, Cut):
                 decision.wake_at = _earliest(decision.wake_at, verdict.when)
                 return
-            requests = tuple(lane.pop_batch())
+            requests = tuple(lane.pop_batch(now))
             for request in requests:
                 self._where.pop(request.request_id, None)
+                self.queued_bytes -= request.size_bytes
             dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, verdict.reason)
             self.workers.reserve(worker.worker_id, dispatch.rows)
             self.in_flight[dispatch.batch_id] = dispatch
             decision.dispatches.append(dispatch)
 
-    def _reject_lane(self, lane: Lane) -> list[tuple[QueuedRequest, SluiceError]]:
+    def _reject_lane(self, lane: Lane) -> Rejections:
         key = lane.key
-        rejected: list[tuple[QueuedRequest, SluiceError]] = []
+        rejected: Rejections = []
         for request in list(lane):
-            lane.remove(request.request_id)
-            self._where.pop(request.request_id, None)
+            self.cancel(request.request_id)
             error = Unavailable(
                 f"no ready worker serves {key.model} version {key.version}",
                 reason="no_worker",
@@ -151,23 +234,41 @@ class Dispatcher:
             rejected.append((request, error))
         return rejected
 
-    def _expire(self, now: float) -> list[tuple[QueuedRequest, SluiceError]]:
-        expired: list[tuple[QueuedRequest, SluiceError]] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(self._deadlines)
+    def _expire(self, now: float) -> Rejections:
+        expired: Rejections = []
+        while self._latest and self._latest[0][0] <= now:
+            _, request_id = heapq.heappop(self._latest)
             request = self.cancel(request_id)
-            if request is not None:
-                expired.append(
-                    (request, DeadlineExceeded("deadline passed while queued", reason="expired_in_queue"))
+            if request is None:
+                continue
+            if now >= request.deadline:
+                error = DeadlineExceeded("deadline passed while queued", reason="expired_in_queue")
+            else:
+                error = DeadlineExceeded(
+                    f"cannot finish before its deadline ({(request.deadline - now) * 1000:.1f} ms left, "
+                    "less than the estimated execution time)",
+                    reason="deadline_unmeetable",
                 )
+            expired.append((request, error))
         return expired
 
-    def _next_deadline(self) -> float | None:
-        while self._deadlines and self._deadlines[0][1] not in self._where:
-            heapq.heappop(self._deadlines)
-        return self._deadlines[0][0] if self._deadlines else None
+    def _next_latest_start(self) -> float | None:
+        while self._latest and self._latest[0][1] not in self._where:
+            heapq.heappop(self._latest)
+        return self._latest[0][0] if self._latest else None
 
-    # -- views --------------------------------------------------------------------------------------------
+    # -- estimates and views ------------------------------------------------------------------------------
+    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
+        """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""
+        lane = self.lanes.get(key)
+        if rows is None:
+            rows = lane.rows if lane is not None else 0
+        batch = lane.limits.max_batch_size if lane is not None else 1
+        workers = max(1, len(self.workers.serving(key.model, key.version)))
+        batches = math.ceil(rows / batch)
+        seconds = batches * self.estimates.batch_seconds(key.model, key.version, batch) / workers
+        return max(MIN_RETRY_S, seconds)
+
     def queued(self) -> int:
         """Requests waiting in lanes."""
         return len(self._where)

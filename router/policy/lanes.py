@@ -1,15 +1,28 @@
-"""Lanes: queues of requests that may share a batch.
+"""Lanes: bounded queues of requests that may share a batch, ordered by priority, fair share, deadline.
 
-A lane is keyed by (model, resolved version, shape signature); for now the signature is the exact shape of
-every input without its leading batch dimension, so any two requests in a lane can be concatenated along
-dim 0. Invariants:
-- after `Lane.push`, the lane owns the request until `pop_batch`, `remove` or `expire` hands it back;
+A lane is keyed by (model, resolved version, shape signature); the signature is the exact shape of every
+input without its leading batch dimension, so any two requests in a lane can be concatenated along dim 0.
+
+Order in which a lane hands out requests (`pop_next`):
+1. priority level (1 is the highest), with **aging**: a level competes as if it were one level higher for
+   every `aging_s` its oldest request has waited; equal standing goes to the genuinely higher level. So a
+   request of priority p outranks any newly arrived request after waiting at most p * aging_s: low
+   priorities are delayed under load, never starved.
+2. within a level, **start-time fair queueing** across tenants: a tenant's next request gets the start tag
+   max(V, the tenant's last finish tag) and costs rows / weight; the smallest start tag goes first and V
+   becomes it. Backlogged tenants are served in proportion to their weights; an idle tenant earns no credit.
+3. within a tenant, **earliest deadline** first.
+
+Invariants:
+- after `push`, the lane owns the request until `pop_next`, `pop_batch` or `remove` hands it back;
 - a request is in at most one lane, and never both queued and dispatched;
-- `rows` counts batch-dimension rows, the unit `max_batch_size` limits.
+- `rows` and `bytes` always equal the sums over queued requests.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,60 +59,159 @@ class QueuedRequest:
     arrival: float
     deadline: float
     payload: object = field(default=None, repr=False)
+    tenant: str = ""
+    priority: int = 1
+    weight: float = 1.0
+    size_bytes: int = 0
+    latest_start: float = math.inf
+    """The last moment its batch may start and still finish by the deadline (admission sets it)."""
+
+    def __post_init__(self) -> None:
+        self.latest_start = min(self.latest_start, self.deadline)
+
+
+@dataclass
+class _TenantQueue:
+    heap: list[tuple[float, int, QueuedRequest]] = field(default_factory=list)
+    finish: float = 0.0
+    live: int = 0
+
+
+@dataclass
+class _Level:
+    tenants: dict[str, _TenantQueue] = field(default_factory=dict)
+    arrivals: OrderedDict[int, QueuedRequest] = field(default_factory=OrderedDict)
+    virtual: float = 0.0
+    rows: int = 0
 
 
 class Lane:
-    """FIFO of requests of one LaneKey (priority ordering arrives with admission control)."""
+    """The queue of one LaneKey."""
 
-    def __init__(self, key: LaneKey, limits: LaneLimits) -> None:
+    def __init__(self, key: LaneKey, limits: LaneLimits, aging_s: float = math.inf) -> None:
         self.key = key
         self.limits = limits
-        self._queue: OrderedDict[int, QueuedRequest] = OrderedDict()
+        self.aging_s = aging_s
         self.rows = 0
+        self.bytes = 0
+        self._requests: dict[int, QueuedRequest] = {}
+        self._levels: dict[int, _Level] = {}
+        self._arrivals: OrderedDict[int, QueuedRequest] = OrderedDict()
+        self._latest: list[tuple[float, int]] = []
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._requests)
 
     def __iter__(self) -> Iterator[QueuedRequest]:
-        return iter(self._queue.values())
+        return iter(list(self._arrivals.values()))
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._requests
 
     def push(self, request: QueuedRequest) -> None:
-        """Append; the lane owns the request from now on."""
-        self._queue[request.request_id] = request
+        """Queue a request; the lane owns it from now on."""
+        level = self._levels.setdefault(request.priority, _Level())
+        queue = level.tenants.setdefault(request.tenant, _TenantQueue())
+        heapq.heappush(queue.heap, (request.deadline, request.request_id, request))
+        queue.live += 1
+        level.arrivals[request.request_id] = request
+        level.rows += request.rows
+        self._arrivals[request.request_id] = request
+        self._requests[request.request_id] = request
+        heapq.heappush(self._latest, (request.latest_start, request.request_id))
         self.rows += request.rows
+        self.bytes += request.size_bytes
 
     def remove(self, request_id: int) -> QueuedRequest | None:
-        """Take a request out (cancellation); None if it is not queued here."""
-        request = self._queue.pop(request_id, None)
-        if request is not None:
-            self.rows -= request.rows
+        """Take a request out (cancelled, expired, evicted); None if it is not queued here."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        level = self._levels[request.priority]
+        level.arrivals.pop(request_id, None)
+        level.rows -= request.rows
+        self._arrivals.pop(request_id, None)
+        queue = level.tenants[request.tenant]
+        queue.live -= 1
+        if not queue.live:
+            queue.heap.clear()  # drop lazily deleted entries, so cancellations cannot pile up
+        self.rows -= request.rows
+        self.bytes -= request.size_bytes
         return request
 
+    def rows_ahead_of(self, priority: int) -> int:
+        """Rows queued at this priority or better: what a new request of `priority` waits behind."""
+        return sum(level.rows for p, level in self._levels.items() if p <= priority)
+
     def oldest_arrival(self) -> float | None:
-        """Arrival time of the head of the queue."""
-        head = next(iter(self._queue.values()), None)
+        """Arrival time of the request that has waited longest."""
+        head = next(iter(self._arrivals.values()), None)
         return None if head is None else head.arrival
 
-    def earliest_deadline(self) -> float | None:
-        """The soonest deadline among queued requests."""
-        return min((r.deadline for r in self._queue.values()), default=None)
+    def earliest_latest_start(self) -> float | None:
+        """The soonest `latest_start` among queued requests."""
+        while self._latest and self._latest[0][1] not in self._requests:
+            heapq.heappop(self._latest)
+        return self._latest[0][0] if self._latest else None
 
-    def expire(self, now: float) -> list[QueuedRequest]:
-        """Remove and return every request whose deadline is not after `now`."""
-        gone = [r for r in self._queue.values() if r.deadline <= now]
-        for request in gone:
-            self.remove(request.request_id)
-        return gone
+    def _standing(self, priority: int, level: _Level, now: float) -> tuple[float, int]:
+        oldest = next(iter(level.arrivals.values()))
+        waited = max(0.0, now - oldest.arrival)
+        aged = priority - (math.floor(waited / self.aging_s) if math.isfinite(self.aging_s) else 0)
+        return (aged, priority)
 
-    def pop_batch(self) -> list[QueuedRequest]:
-        """Take requests from the head while their rows fit `max_batch_size` (at least one)."""
+    def pop_next(self, now: float) -> QueuedRequest | None:
+        """Take the request that should be served next (see the module docstring), or None."""
+        levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
+        if not levels:
+            return None
+        _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
+        start, name = min((max(level.virtual, q.finish), name) for name, q in level.tenants.items() if q.live)
+        queue = level.tenants[name]
+        while True:
+            _, request_id, request = heapq.heappop(queue.heap)
+            if request_id in self._requests:
+                break
+        queue.finish = start + request.rows / request.weight
+        level.virtual = start
+        self.remove(request_id)
+        return request
+
+    def pop_batch(self, now: float) -> list[QueuedRequest]:
+        """Take requests in serving order while their rows fit `max_batch_size` (at least one)."""
         batch: list[QueuedRequest] = []
         rows = 0
-        for request in list(self._queue.values()):
+        while self._requests:
+            request = self.pop_next(now)
+            assert request is not None
             if batch and rows + request.rows > self.limits.max_batch_size:
+                self._requeue(request)
                 break
             batch.append(request)
             rows += request.rows
-        for request in batch:
-            self.remove(request.request_id)
         return batch
+
+    def _requeue(self, request: QueuedRequest) -> None:
+        """Put back a request popped but not taken; its tenant's finish tag is rolled back."""
+        level = self._levels[request.priority]
+        queue = level.tenants[request.tenant]
+        queue.finish -= request.rows / request.weight
+        self.push(request)
+        level.arrivals.move_to_end(request.request_id, last=False)
+        self._arrivals.move_to_end(request.request_id, last=False)
+
+    def victim(self, newcomer_priority: int) -> QueuedRequest | None:
+        """The least important queued request that `newcomer_priority` outranks, or None.
+
+        Least important: the worst priority level; in it, the tenant with the most queued requests (the
+        heaviest user pays first); of that tenant, the newest request (older ones have waited longer).
+        """
+        worse = [p for p, level in self._levels.items() if level.arrivals and p > newcomer_priority]
+        if not worse:
+            return None
+        level = self._levels[max(worse)]
+        tenant = max(level.tenants, key=lambda name: (level.tenants[name].live, name))
+        for request in reversed(level.arrivals.values()):
+            if request.tenant == tenant:
+                return request
+        return None

@@ -35,6 +35,6 @@ def test_full_counts_rows_not_requests() -> None:
 
 def test_pop_batch_never_exceeds_max_rows() -> None:
     lane = lane_with([0.0, 0.0, 0.0], rows=3, max_batch=4)
-    first = lane.pop_batch()
+    first = lane.pop_batch(0.0)
     assert [r.request_id for r in first] == [0]
     assert len(lane) == 2 and lane.rows == 6

@@ -1,0 +1,113 @@
+"""Admission: decide before any scarce work is spent whether a request may queue at all.
+
+Checks, in order (each failure is explicit, typed and carries the right retry semantics, DESIGN.md §5):
+1. quotas — this router's share of the tenant's in-flight cap, the tenant's token bucket, the global
+   bucket → RESOURCE_EXHAUSTED with the time until a token (or a slot) frees up;
+2. the deadline budget — the request's remaining time must cover the estimated execution of its batch
+   (learned online, times `estimate_margin`). Not even an idle system could make it → INVALID_ARGUMENT
+   (never retry as is); only the current queue makes it impossible → UNAVAILABLE with the estimated
+   queue drain time as the hint;
+3. queue bounds, in the dispatcher — evict less important work or refuse (UNAVAILABLE, drain-time hint).
+An admitted request gets its `latest_start` = deadline - estimated execution time; the dispatcher drops
+it with DEADLINE_EXCEEDED if it is still queued then, rather than executing it late.
+
+With admission disabled (`admission.enabled: false`) every check is skipped and queues are unbounded: the
+baseline our overload figures compare against.
+"""
+
+from __future__ import annotations
+
+from common.config import AdmissionSettings, TenantSettings
+from common.errors import InvalidArgument, SluiceError, Unavailable
+from router.policy.dispatcher import Dispatcher, QueueBounds, Rejections
+from router.policy.lanes import LaneLimits, QueuedRequest
+from router.policy.ratelimit import Quota, RateLimiter
+
+
+def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:
+    return {name: Quota(t.rate, t.burst, t.max_inflight) for name, t in tenants.items()}
+
+
+def queue_bounds(settings: AdmissionSettings) -> QueueBounds | None:
+    """The dispatcher's bounds for these settings (None: unbounded baseline)."""
+    if not settings.enabled:
+        return None
+    return QueueBounds(settings.lane_max_queued, settings.max_queued_bytes)
+
+
+class AdmissionController:
+    """Quotas and deadline feasibility in front of the dispatcher."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        tenants: dict[str, TenantSettings],
+        dispatcher: Dispatcher,
+        now: float,
+    ) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        glob = Quota(settings.global_rate, settings.global_burst) if settings.global_rate else None
+        self.limiter = RateLimiter(_quotas(tenants), glob, now)
+
+    def set_tenants(self, tenants: dict[str, TenantSettings], now: float) -> None:
+        """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
+        self.limiter.set_quotas(_quotas(tenants), now)
+
+    def execution_seconds(self, request: QueuedRequest) -> float:
+        """Estimated execution time of the request's batch, with the safety margin."""
+        key = request.lane
+        seconds = self.dispatcher.estimates.batch_seconds(key.model, key.version, request.rows)
+        return seconds * self.settings.estimate_margin
+
+    def queue_wait_seconds(self, request: QueuedRequest) -> float:
+        """Estimated wait before the request's batch can start, at its priority, under current load."""
+        dispatcher = self.dispatcher
+        key = request.lane
+        lane = dispatcher.lanes.get(key)
+        ahead = 0 if lane is None else lane.rows_ahead_of(request.priority)
+        workers = dispatcher.workers.serving(key.model, key.version)
+        busy = workers and not any(w.has_free_slot for w in workers)
+        if not ahead and not busy:
+            return 0.0
+        wait = dispatcher.drain_seconds(key, ahead) if ahead else 0.0
+        if busy:
+            batch = lane.limits.max_batch_size if lane is not None else request.rows
+            wait += dispatcher.estimates.batch_seconds(key.model, key.version, batch)
+        return wait
+
+    def admit(self, request: QueuedRequest, limits: LaneLimits, now: float) -> Rejections:
+        """Queue the request or raise; returns requests evicted to make room (each with its error)."""
+        if not self.settings.enabled:
+            return self.dispatcher.submit(request, limits)
+        execution = self.execution_seconds(request)
+        self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
+        try:
+            self._check_deadline(request, execution, now)
+            request.latest_start = request.deadline - execution
+            return self.dispatcher.submit(request, limits)
+        except SluiceError:
+            self.limiter.release(request.tenant)
+            raise
+
+    def _check_deadline(self, request: QueuedRequest, execution: float, now: float) -> None:
+        budget = request.deadline - now
+        if budget < execution:
+            raise InvalidArgument(
+                f"deadline of {budget * 1000:.1f} ms is shorter than the model's minimum service time "
+                f"(~{execution * 1000:.1f} ms for {request.rows} row(s))",
+                reason="deadline_too_short",
+            )
+        wait = self.queue_wait_seconds(request)
+        if budget < execution + wait:
+            raise Unavailable(
+                f"deadline of {budget * 1000:.1f} ms cannot be met at the current load "
+                f"(~{wait * 1000:.1f} ms queue + ~{execution * 1000:.1f} ms execution)",
+                reason="deadline_unmeetable_now",
+                retry_after_s=wait,
+            )
+
+    def release(self, request: QueuedRequest) -> None:
+        """The request has ended (any outcome): free its in-flight slot."""
+        if self.settings.enabled:
+            self.limiter.release(request.tenant)

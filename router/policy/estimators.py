@@ -1,0 +1,87 @@
+"""Online estimates of batch execution time, t(n) = a + b·n per model version.
+
+Workers report every batch's forward time and size; each model version keeps an exponentially weighted
+least-squares fit so the estimate follows drift (a GPU warming up, a noisy neighbour) within a few dozen
+batches. Until enough distinct batch sizes were seen, the fit is seeded from the worker's warm-up timings.
+Estimates are conservative where it matters: `a` and `b` never go negative, and admission multiplies by a
+margin (config `admission.estimate_margin`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DECAY = 0.97
+"""Weight kept by the past at each observation (≈ the last 33 batches dominate)."""
+DEFAULT_SECONDS = 0.005
+"""Prior for a model nobody has measured yet: 5 ms per batch, per-item cost unknown."""
+
+
+@dataclass
+class LatencyModel:
+    """Exponentially weighted least squares of t against n."""
+
+    w: float = 0.0
+    sn: float = 0.0
+    st: float = 0.0
+    snn: float = 0.0
+    snt: float = 0.0
+    observations: int = 0
+
+    def observe(self, rows: int, seconds: float, weight: float = 1.0) -> None:
+        """Add one (batch size, duration) point."""
+        self.w = self.w * DECAY + weight
+        self.sn = self.sn * DECAY + weight * rows
+        self.st = self.st * DECAY + weight * seconds
+        self.snn = self.snn * DECAY + weight * rows * rows
+        self.snt = self.snt * DECAY + weight * rows * seconds
+        self.observations += 1
+
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b) of t(n) = a + b·n; with one distinct size, all of t is charged to the fixed cost a."""
+        if self.w == 0:
+            return DEFAULT_SECONDS, 0.0
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var_n = self.snn / self.w - mean_n * mean_n
+        if var_n <= 1e-9:
+            return max(0.0, mean_t), 0.0
+        b = max(0.0, (self.snt / self.w - mean_n * mean_t) / var_n)
+        a = max(0.0, mean_t - b * mean_n)
+        return a, b
+
+    def predict(self, rows: int) -> float:
+        """Expected seconds for a batch of `rows`."""
+        a, b = self.coefficients()
+        return a + b * rows
+
+
+class ServiceEstimates:
+    """A LatencyModel per (model, version), seeded from warm-up timings."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, str], LatencyModel] = {}
+
+    def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
+        """Seed a version that has no observations yet from its warm-up timings (batch size → seconds)."""
+        key = (model, version)
+        if key in self._models and self._models[key].observations:
+            return
+        fit = LatencyModel()
+        for rows, seconds in sorted(warmup.items()):
+            fit.observe(rows, seconds)
+        fit.observations = 0  # seeds do not count as measurements
+        self._models[key] = fit
+
+    def observe(self, model: str, version: str, rows: int, seconds: float) -> None:
+        """A worker reported a batch."""
+        self._models.setdefault((model, version), LatencyModel()).observe(rows, seconds)
+
+    def batch_seconds(self, model: str, version: str, rows: int) -> float:
+        """Expected execution time of a batch of `rows`."""
+        fit = self._models.get((model, version))
+        return DEFAULT_SECONDS if fit is None else fit.predict(rows)
+
+    def model(self, model: str, version: str) -> LatencyModel | None:
+        """The fit for one version, if any."""
+        return self._models.get((model, version))
