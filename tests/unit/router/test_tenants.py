@@ -1,0 +1,53 @@
+"""Tenant authentication, authorization and priority entitlement."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import TenantSettings
+from common.errors import Code, SluiceError
+from router.policy.tenants import TenantDirectory, hash_api_key
+
+GOLD = TenantSettings(
+    api_keys=[hash_api_key("gold-key")], models=["mlp", "enc*"], default_priority=2, max_priority=1
+)
+BRONZE = TenantSettings(api_keys=[hash_api_key("bronze-key")], default_priority=3, max_priority=2)
+
+
+def code_of(call: object) -> Code:
+    with pytest.raises(SluiceError) as caught:
+        call()  # type: ignore[operator]
+    return caught.value.code
+
+
+def test_keys_map_to_tenants_and_unknown_keys_are_unauthenticated() -> None:
+    directory = TenantDirectory({"gold": GOLD, "anonymous": TenantSettings()})
+    assert directory.authenticate("gold-key").name == "gold"
+    assert code_of(lambda: directory.authenticate("stolen")) == Code.UNAUTHENTICATED
+
+
+def test_keyless_requests_need_an_anonymous_tenant() -> None:
+    assert TenantDirectory({"anonymous": TenantSettings()}).authenticate(None).name == "anonymous"
+    assert code_of(lambda: TenantDirectory({"gold": GOLD}).authenticate(None)) == Code.UNAUTHENTICATED
+    strict = TenantDirectory({"anonymous": TenantSettings()}, require_api_key=True)
+    assert code_of(lambda: strict.authenticate(None)) == Code.UNAUTHENTICATED
+
+
+def test_models_outside_the_globs_are_permission_denied() -> None:
+    gold = TenantDirectory({"gold": GOLD}).authenticate("gold-key")
+    TenantDirectory.authorize(gold, "encoder")
+    assert code_of(lambda: TenantDirectory.authorize(gold, "synthetic")) == Code.PERMISSION_DENIED
+
+
+def test_priority_defaults_and_is_capped_not_rejected() -> None:
+    bronze = TenantDirectory({"bronze": BRONZE}).authenticate("bronze-key")
+    assert bronze.priority(0) == 3
+    assert bronze.priority(1) == 2  # asked above its entitlement: capped
+    assert bronze.priority(5) == 5
+
+
+def test_config_rejects_raw_keys_and_inverted_priorities() -> None:
+    with pytest.raises(ValueError, match="sha256"):
+        TenantSettings(api_keys=["plain-text-key"])
+    with pytest.raises(ValueError, match="default_priority"):
+        TenantSettings(default_priority=1, max_priority=2)
