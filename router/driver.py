@@ -205,7 +205,8 @@ class Driver:
         if dispatch is None:
             log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
             return
-        sent_at = self._dispatched_at.pop(dispatch.batch_id, self.clock.now())
+        now = self.clock.now()
+        sent_at = self._dispatched_at.pop(dispatch.batch_id, now)
         self._metrics.execute.labels(dispatch.lane.model).observe(result.execute_us / 1e6)
         if result.executed_size:
             key = dispatch.lane
@@ -214,7 +215,9 @@ class Driver:
         for request in dispatch.requests:
             self._item_worker.pop(request.request_id, None)
             item = outcomes.get(request.request_id)
-            if item is None:
+            if now > request.deadline and item is not None and not item.HasField("error"):
+                _settle(request, DeadlineExceeded("finished after its deadline", reason="finished_late"))
+            elif item is None:
                 _settle(request, Internal(f"worker {worker_id} returned no outcome for this request"))
             elif item.HasField("error"):
                 _settle(request, error_for_code(item.error.code, item.error.message, reason="worker_error"))

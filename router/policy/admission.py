@@ -8,8 +8,9 @@ Checks, in order (each failure is explicit, typed and carries the right retry se
    (never retry as is); only the current queue makes it impossible → UNAVAILABLE with the estimated
    queue drain time as the hint;
 3. queue bounds, in the dispatcher — evict less important work or refuse (UNAVAILABLE, drain-time hint).
-An admitted request gets its `latest_start` = deadline - estimated execution time; the dispatcher drops
-it with DEADLINE_EXCEEDED if it is still queued then, rather than executing it late.
+An admitted request gets its `latest_start` = deadline - estimated execution time (minus one full batch
+the worker may be running ahead of it, when the budget allows); the dispatcher sheds it with UNAVAILABLE
+if it is still queued then, rather than executing it late.
 
 With admission disabled (`admission.enabled: false`) every check is skipped and queues are unbounded: the
 baseline our overload figures compare against.
@@ -84,11 +85,21 @@ class AdmissionController:
         self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
         try:
             self._check_deadline(request, execution, now)
-            request.latest_start = request.deadline - execution
+            request.latest_start = self._latest_start(request, limits, execution, now)
             return self.dispatcher.submit(request, limits)
         except SluiceError:
             self.limiter.release(request.tenant)
             raise
+
+    def _latest_start(
+        self, request: QueuedRequest, limits: LaneLimits, execution: float, now: float
+    ) -> float:
+        """When the request must leave the queue: a worker may hold one batch ahead of it (two in flight),
+        so budget for that batch too — unless only an immediate start can make the deadline."""
+        key = request.lane
+        ahead = self.dispatcher.estimates.batch_seconds(key.model, key.version, limits.max_batch_size)
+        conservative = request.deadline - execution - ahead * self.settings.estimate_margin
+        return conservative if conservative > now else request.deadline - execution
 
     def _check_deadline(self, request: QueuedRequest, execution: float, now: float) -> None:
         budget = request.deadline - now

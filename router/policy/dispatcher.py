@@ -8,7 +8,8 @@ Invariants:
 - a request is in exactly one of: queued (in a lane), dispatched (in a batch in `in_flight`), or handed back
   to the shell (in a Decision, an eviction list, or returned by `cancel`/`complete`/`worker_left`);
 - a request is never dispatched after its latest start time (it could not meet its deadline): `poll`
-  removes such requests before it cuts, with DEADLINE_EXCEEDED;
+  removes such requests before it cuts — UNAVAILABLE with the drain time as hint while the deadline is
+  still ahead (a retry with a fresh deadline may succeed), DEADLINE_EXCEEDED once it has passed;
 - a batch never exceeds its lane's `max_batch_size` rows and goes only to a worker with a free slot;
 - with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
   `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request, otherwise
@@ -241,13 +242,15 @@ class Dispatcher:
             request = self.cancel(request_id)
             if request is None:
                 continue
+            error: SluiceError
             if now >= request.deadline:
                 error = DeadlineExceeded("deadline passed while queued", reason="expired_in_queue")
             else:
-                error = DeadlineExceeded(
-                    f"cannot finish before its deadline ({(request.deadline - now) * 1000:.1f} ms left, "
-                    "less than the estimated execution time)",
+                error = Unavailable(
+                    f"shed before its deadline: {(request.deadline - now) * 1000:.1f} ms left is less than "
+                    "the estimated time to run it",
                     reason="deadline_unmeetable",
+                    retry_after_s=self.drain_seconds(request.lane),
                 )
             expired.append((request, error))
         return expired

@@ -44,11 +44,14 @@ def refused(admission: AdmissionController, request: QueuedRequest, now: float =
     return caught.value
 
 
-def test_latest_start_is_deadline_minus_estimated_execution() -> None:
+def test_latest_start_budgets_for_its_execution_and_one_batch_ahead_on_the_worker() -> None:
     admission = make()
     request = req(0.0, timeout=1.0)
     admission.admit(request, LIMITS, 0.0)
-    assert request.latest_start == pytest.approx(1.0 - 0.011)
+    assert request.latest_start == pytest.approx(1.0 - 0.011 - 0.014)
+    tight = req(0.0, timeout=0.020)  # only an immediate start makes it: no room for a batch ahead
+    make().admit(tight, LIMITS, 0.0)
+    assert tight.latest_start == pytest.approx(0.020 - 0.011)
 
 
 def test_deadline_below_minimum_service_time_is_invalid_argument() -> None:
@@ -107,8 +110,13 @@ def test_queued_request_is_dropped_when_it_can_no_longer_meet_its_deadline() -> 
     assert decision.rejected == [] and decision.wake_at == pytest.approx(request.latest_start)
     decision = dispatcher.poll(request.latest_start)
     [(gone, error)] = decision.rejected
-    assert gone is request and error.code == Code.DEADLINE_EXCEEDED and error.reason == "deadline_unmeetable"
-    assert request.latest_start < request.deadline  # removed early, before the deadline itself
+    assert gone is request and error.reason == "deadline_unmeetable"
+    assert error.code == Code.UNAVAILABLE and error.retry_after_s  # early, so a retry may still succeed
+    assert request.latest_start < request.deadline
+    late = req(0.0, timeout=0.5)
+    admission.admit(late, LIMITS, 0.0)
+    [(_, error)] = dispatcher.poll(late.deadline).rejected
+    assert error.code == Code.DEADLINE_EXCEEDED and error.reason == "expired_in_queue"
 
 
 def test_cancellation_removes_from_queue_and_frees_inflight() -> None:
