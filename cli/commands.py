@@ -170,6 +170,17 @@ async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
     return EXIT_OK
 
 
+def hash_key(key: str) -> int:
+    """Print the stored form of an API key."""
+    from router.policy.tenants import hash_api_key
+
+    if not key:
+        print("error: empty key", file=sys.stderr)
+        return 1
+    print(hash_api_key(key))
+    return EXIT_OK
+
+
 def models_init(repository: Path) -> int:
     """Write the demo model repository."""
     from worker.demo_models import init_demo_repository

@@ -92,6 +92,11 @@ def _build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the drain to finish")
     _add_etcd_flags(drain)
 
+    keys = sub.add_parser("keys", help="API key tools")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
+    hash_key = keys_sub.add_parser("hash", help="print the sha256:<hex> form of an API key for tenants.api_keys")
+    hash_key.add_argument("key", help="the API key (keep it out of shell history: pass '-' to read stdin)")
+
     models = sub.add_parser("models", help="model repository tools")
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
@@ -127,6 +132,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "models":
         return commands.models_init(args.repository)
+    if args.command == "keys":
+        return commands.hash_key(sys.stdin.readline().strip() if args.key == "-" else args.key)
     if args.command == "health":
         return commands.health(args.addr, args.service, args.timeout)
     if args.command == "infer":

@@ -52,7 +52,7 @@ class RouterServer:
         self.config = config
         self.clock = clock or MonotonicClock()
         settings = config.router
-        self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.router_id = settings.router_id  # default chosen at start, once the port is known
         self.metrics = RouterMetrics()
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
@@ -72,6 +72,7 @@ class RouterServer:
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._registration: LeasedKey | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def start(self) -> None:
         """Bind, serve, register in etcd and start following workers."""
@@ -118,6 +119,7 @@ class RouterServer:
         self._health_task = asyncio.create_task(self._track_health(), name="router-health")
         host = settings.listen.rsplit(":", 1)[0]
         advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
+        self.router_id = self.router_id or f"{socket.gethostname()}-{os.getpid()}-{self.port}"
         key = router_key(self.config.etcd.prefix, self.router_id)
         self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
         await self._registration.start()
@@ -166,7 +168,10 @@ class RouterServer:
             self.metrics.token_level.labels(tenant).set(level)
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Deregister, stop accepting, settle every request, close streams."""
+        """Deregister, stop accepting, settle every request, close streams (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         await self.health.enter_graceful_shutdown()
         if self._registration is not None:
             await self._registration.revoke()

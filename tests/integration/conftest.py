@@ -8,12 +8,16 @@ Teardown stops etcd and removes its folder: no process outlives the test.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from common.config import EtcdSettings
+from common.config import EtcdSettings, RouterSettings, SluiceConfig
+from router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
+from tests.support.processes import WorkerProcess
 
 TEST_LEASE_TTL_S = 2
 """Short leases keep expiry tests quick (the keepalive then runs every ~0.67 s)."""
@@ -38,3 +42,40 @@ def etcd_settings(etcd_server: EtcdServer) -> EtcdSettings:
         prefix=f"/sluice-test-{uuid.uuid4().hex[:12]}/",
         lease_ttl_s=TEST_LEASE_TTL_S,
     )
+
+
+Spawn = Callable[[str], WorkerProcess]
+MakeRouter = Callable[..., Awaitable[RouterServer]]
+
+
+@pytest.fixture
+def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Iterator[Spawn]:
+    """Start `sluice worker` processes serving the synthetic model; all are killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(worker_id: str) -> WorkerProcess:
+        worker = WorkerProcess(worker_id, demo_repo, etcd_settings, tmp_path, models="synthetic")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+async def make_router(etcd_settings: EtcdSettings) -> AsyncIterator[MakeRouter]:
+    """Start in-process routers on free ports following the test's etcd (extra config sections as
+    keyword arguments, e.g. tenants=..., admission=...); all are stopped at teardown."""
+    started: list[RouterServer] = []
+
+    async def make(**sections: Any) -> RouterServer:
+        router_settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0)
+        server = RouterServer(SluiceConfig(etcd=etcd_settings, router=router_settings, **sections))
+        await server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        await server.stop(grace=0.5)

@@ -9,51 +9,27 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
-from common.config import EtcdSettings, RouterSettings, SluiceConfig
+from common.config import EtcdSettings
 from common.etcd import WORKERS, open_client
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from router.main import RouterServer
+from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.etcd_server import EtcdServer
-from tests.support.processes import WorkerProcess, eventually
+from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
 
-Spawn = Callable[[str], WorkerProcess]
-
 
 @pytest.fixture
-async def router(etcd_settings: EtcdSettings) -> AsyncIterator[RouterServer]:
+async def router(make_router: MakeRouter) -> RouterServer:
     """An in-process router on free ports, following the test's etcd."""
-    config = SluiceConfig(etcd=etcd_settings, router=RouterSettings(listen="127.0.0.1:0", metrics_port=0))
-    server = RouterServer(config)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(grace=0.5)
-
-
-@pytest.fixture
-def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Iterator[Spawn]:
-    """Start `sluice worker` processes serving the synthetic model; all are killed at teardown."""
-    started: list[WorkerProcess] = []
-
-    def start(worker_id: str) -> WorkerProcess:
-        worker = WorkerProcess(worker_id, demo_repo, etcd_settings, tmp_path, models="synthetic")
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+    return await make_router()
 
 
 async def _registered(settings: EtcdSettings) -> set[str]:
