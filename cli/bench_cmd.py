@@ -41,6 +41,9 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     bench.add_argument("--duration", type=float, help="seconds of arrivals (overrides duration_s)")
     bench.add_argument("--seed", type=int, help="random seed (overrides the scenario)")
     bench.add_argument("--channels", type=int, help="gRPC connections to spread requests over")
+    bench.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the target (default 10)"
+    )
     bench.add_argument("--json", type=Path, metavar="PATH", help="also write the full report (with timeline)")
     bench.add_argument(
         "--ceiling", action="store_true", help="measure the generator's max send rate against a sink server"
@@ -99,12 +102,12 @@ def run_bench(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        report = asyncio.run(run_scenario(scenario))
+        report = asyncio.run(run_scenario(scenario, connect_timeout_s=args.connect_timeout))
     except LoadgenError as exc:
         print(f"sluice bench: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(format_report(report))
+    print(format_report(report), flush=True)
     for warning in report["warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     _write_json(args.json, report)
     return EXIT_OK

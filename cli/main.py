@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cli.bench_cmd import add_bench_parser, run_bench
 from common.config import ConfigError, SluiceConfig, load_config
 
 EXIT_BAD_ARGS = 1
@@ -31,12 +32,8 @@ def _add_etcd_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help="etcd key prefix (default: /sluice/)")
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sluice", description="Sluice: an inference-serving cluster (KServe v2 gRPC).")
-    parser.add_argument("--config", type=Path, help="sluice.yaml (then SLUICE_* env vars, then flags, win)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """The long-running processes: up, router, worker."""
     up = sub.add_parser("up", help="run a local cluster: etcd, a router and workers; Ctrl-C stops it all")
     up.add_argument(
         "--repository", type=Path, default=Path("models"), help="model repository (default models/)"
@@ -53,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     router = sub.add_parser("router", help="run a router (KServe v2 gRPC front end)")
     router.add_argument("--listen", help="gRPC bind address (default 0.0.0.0:8001)")
     router.add_argument("--metrics-port", type=int, help="/metrics port (default 8002; 0 picks one)")
-    router.add_argument("--router-id", help="name in etcd (default hostname-pid)")
+    router.add_argument("--router-id", help="name in etcd (default hostname-pid-port)")
     _add_etcd_flags(router)
 
     worker = sub.add_parser("worker", help="run a worker that owns one device")
@@ -67,6 +64,9 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--worker-id", help="name in etcd (default hostname-pid)")
     _add_etcd_flags(worker)
 
+
+def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Commands that talk to a running cluster: health, infer, workers, drain."""
     health = sub.add_parser(
         "health", help="grpc.health.v1 probe; exit 0 SERVING, 2 no connection, 4 not SERVING"
     )
@@ -92,15 +92,31 @@ def _build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the drain to finish")
     _add_etcd_flags(drain)
 
+
+def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Offline tools: keys, models, bench."""
     keys = sub.add_parser("keys", help="API key tools")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
-    hash_key = keys_sub.add_parser("hash", help="print the sha256:<hex> form of an API key for tenants.api_keys")
+    hash_key = keys_sub.add_parser(
+        "hash", help="print the sha256:<hex> form of an API key (tenants.api_keys)"
+    )
     hash_key.add_argument("key", help="the API key (keep it out of shell history: pass '-' to read stdin)")
 
     models = sub.add_parser("models", help="model repository tools")
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
+    add_bench_parser(sub)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sluice", description="Sluice: an inference-serving cluster (KServe v2 gRPC).")
+    parser.add_argument("--config", type=Path, help="sluice.yaml (then SLUICE_* env vars, then flags, win)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_process_commands(sub)
+    _add_client_commands(sub)
+    _add_tool_commands(sub)
     return parser
 
 
@@ -138,6 +154,8 @@ def _run(args: argparse.Namespace) -> int:
         return commands.health(args.addr, args.service, args.timeout)
     if args.command == "infer":
         return commands.infer(args)
+    if args.command == "bench":
+        return run_bench(args)
     if args.command == "up":
         from cli.cluster import run_local_cluster
 

@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 
 HEALTH_REFRESH_S = 0.2
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+# grpc-core cancels RPCs beyond 1,000 waiting for the Python handler (3,000 hard); raise the bounds so a
+# burst reaches admission control, which refuses it explicitly and cheaply with a retry hint.
+SERVER_QUEUE_OPTIONS = [
+    ("grpc.server.max_pending_requests", 20_000),
+    ("grpc.server.max_pending_requests_hard_limit", 40_000),
+]
 SERVER_KEEPALIVE_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
@@ -81,6 +87,7 @@ class RouterServer:
         server = grpc.aio.server(
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
+                *SERVER_QUEUE_OPTIONS,
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
             ]

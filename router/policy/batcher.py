@@ -1,25 +1,56 @@
-"""When to cut a batch from a lane: the decision returns either a cut or the time to look again.
+"""When to cut a batch from a lane: a decision returns either a cut or the time to look again.
 
-`TimerBatcher`: work-conserving dispatch up to `max_batch_size`, with at most `max_wait` of waiting, and
-never past a queued request's budget. A lane is cut when
-- it holds a full batch (rows ≥ max_batch_size), or
-- its oldest request has waited `max_wait`, or
-- waiting longer would make its most urgent request miss its deadline: the batch must start by that
-  request's latest start time, earlier by the extra time a bigger batch takes to run, or
-- the worker that would receive it is idle — waiting for a fuller batch while a device sits idle only adds
-  latency; under load workers are busy, requests accumulate, and batches grow by themselves.
-Otherwise the caller should come back at the earliest of those moments (or earlier on any event).
+Two policies share one signature, `decide(lane, ctx) -> Cut | WakeAt`:
+
+`TimerBatcher` — the classic one (Triton's dynamic batcher): cut when full, when the oldest request has
+waited `max_wait`, or when the receiving worker is idle (work-conserving); never past a queued request's
+budget.
+
+`AdaptiveBatcher` — sets a target batch size per lane from the latency model t(n) = a + b·n, the lane's
+arrival rate λ and the number of workers W serving it:
+- **keep-up size**: the batch that fills while the previous one runs, n = μ·t(n) with μ = λ/W, i.e.
+  n* = μ·a / (1 - μ·b) (the full batch when μ·b ≥ 1: the lane is overloaded). Smaller batches waste a
+  on every few items and fall behind; larger ones only add waiting.
+- **cut** when the lane holds n* rows; when the worker is idle and the lane cannot reach n* within
+  `max_wait` (waiting buys nothing); or when waiting longer would break the tightest queued budget.
+  Otherwise wait until n* is expected to be there, bounded by `max_wait` and the budget.
+- **headroom mode**: when the lane's p99 uses < 40 % of its budget (latency is healthy) but the workers are
+  under half busy at n*, grow the target to what arrives within half the tightest remaining budget: fewer,
+  fuller batches cost less device time per item, capacity the autoscaler can reclaim. Hysteresis (enter
+  below 40 %, leave above 60 % of the budget at p99) and the budget bound keep the loop stable: a larger
+  target raises latency, which moves the lane out of the mode before any deadline is at risk.
+Under overload n* is the full batch, which maximises throughput; when idle n* = 1, which minimises latency.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from router.policy.lane_stats import LaneStats
 from router.policy.lanes import Lane
 
 # Execution-time estimate for a batch of n rows of the lane being decided on.
 BatchSeconds = Callable[[int], float]
+HEADROOM_FRACTION = 0.5
+UNDERUSED_BELOW = 0.5
+
+
+def _no_estimate(rows: int) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What a batching decision may look at besides the lane."""
+
+    now: float
+    worker_idle: bool
+    batch_seconds: BatchSeconds = _no_estimate
+    workers: int = 1
+    stats: LaneStats = field(default_factory=LaneStats)
 
 
 @dataclass(frozen=True)
@@ -36,32 +67,89 @@ class WakeAt:
     when: float
 
 
-def _no_estimate(rows: int) -> float:
-    return 0.0
+class Batcher(Protocol):
+    """A batching policy."""
+
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        """Decide for a non-empty lane that has a worker with a free slot."""
+        ...
+
+
+def _budget_bound(lane: Lane, ctx: BatchContext) -> float | None:
+    """The last moment to cut so the most urgent queued request still makes its deadline."""
+    latest = lane.earliest_latest_start()
+    if latest is None:
+        return None
+    return latest - (ctx.batch_seconds(lane.limits.max_batch_size) - ctx.batch_seconds(1))
+
+
+def _head(lane: Lane) -> float:
+    oldest = lane.oldest_arrival()
+    if oldest is None:
+        raise ValueError(f"lane {lane.key} is empty")
+    return oldest
 
 
 class TimerBatcher:
     """Cut on full, on max wait, on the tightest budget, or when the receiving worker is idle."""
 
-    def decide(
-        self, lane: Lane, now: float, *, worker_idle: bool, batch_seconds: BatchSeconds = _no_estimate
-    ) -> Cut | WakeAt:
-        """Decide for a non-empty lane that has a worker with a free slot."""
-        oldest = lane.oldest_arrival()
-        if oldest is None:
-            raise ValueError(f"lane {lane.key} is empty")
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        """See the module docstring."""
+        oldest = _head(lane)
+        if lane.rows >= lane.limits.max_batch_size:
+            return Cut("full")
+        if ctx.now - oldest >= lane.limits.max_wait_s:
+            return Cut("max_wait")
+        cut_by = oldest + lane.limits.max_wait_s
+        bound = _budget_bound(lane, ctx)
+        if bound is not None:
+            if ctx.now >= bound:
+                return Cut("deadline")
+            cut_by = min(cut_by, bound)
+        if ctx.worker_idle:
+            return Cut("idle_worker")
+        return WakeAt(cut_by)
+
+
+class AdaptiveBatcher:
+    """Target batch size from the latency model and the arrival rate (see the module docstring)."""
+
+    def target(self, lane: Lane, ctx: BatchContext) -> int:
+        """The batch size to aim for now."""
+        limit = lane.limits.max_batch_size
+        t1 = ctx.batch_seconds(1)
+        b = (ctx.batch_seconds(limit) - t1) / (limit - 1) if limit > 1 else 0.0
+        a = max(0.0, t1 - b)
+        rate = ctx.stats.rate(ctx.now)
+        per_worker = rate / max(1, ctx.workers)
+        if per_worker * b >= 1.0:
+            return limit
+        keep_up = max(1, min(limit, math.ceil(per_worker * a / (1.0 - per_worker * b))))
+        busy = per_worker * (a / keep_up + b)
+        bound = _budget_bound(lane, ctx)
+        if ctx.stats.healthy and busy < UNDERUSED_BELOW and bound is not None and rate > 0:
+            allowance = min(lane.limits.max_wait_s, HEADROOM_FRACTION * max(0.0, bound - ctx.now))
+            return max(keep_up, min(limit, math.floor(lane.rows + rate * allowance)))
+        return keep_up
+
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        """See the module docstring."""
+        oldest = _head(lane)
         limits = lane.limits
         if lane.rows >= limits.max_batch_size:
             return Cut("full")
-        if now - oldest >= limits.max_wait_s:
+        bound = _budget_bound(lane, ctx)
+        if bound is not None and ctx.now >= bound:
+            return Cut("deadline")
+        target = self.target(lane, ctx)
+        if lane.rows >= target:
+            return Cut("target")
+        give_up = oldest + limits.max_wait_s
+        if ctx.now >= give_up:
             return Cut("max_wait")
-        cut_by = oldest + limits.max_wait_s
-        latest = lane.earliest_latest_start()
-        if latest is not None:
-            growth = batch_seconds(limits.max_batch_size) - batch_seconds(1)
-            if now >= latest - growth:
-                return Cut("deadline")
-            cut_by = min(cut_by, latest - growth)
-        if worker_idle:
+        rate = ctx.stats.rate(ctx.now)
+        filled_at = ctx.now + (target - lane.rows) / rate if rate > 0 else math.inf
+        cut_by = min(give_up, filled_at, bound if bound is not None else math.inf)
+        if ctx.worker_idle and filled_at > min(give_up, bound if bound is not None else math.inf):
             return Cut("idle_worker")
         return WakeAt(cut_by)

@@ -24,10 +24,11 @@ import math
 from dataclasses import dataclass, field
 
 from common.errors import DeadlineExceeded, SluiceError, Unavailable
-from router.policy.batcher import Cut, TimerBatcher
+from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut
 from router.policy.estimators import ServiceEstimates
+from router.policy.lane_stats import LaneStats
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
-from router.policy.scheduler import LeastLoaded, WorkerPool
+from router.policy.scheduler import Chooser, ExpectedCompletion, Job, WorkerPool
 
 # Retry hint for requests that find no worker serving their model: workers register within seconds.
 NO_WORKER_RETRY_S = 1.0
@@ -75,20 +76,21 @@ class Dispatcher:
 
     def __init__(
         self,
-        batcher: TimerBatcher | None = None,
-        chooser: LeastLoaded | None = None,
+        batcher: Batcher | None = None,
+        chooser: Chooser | None = None,
         *,
         estimates: ServiceEstimates | None = None,
         bounds: QueueBounds | None = None,
         aging_s: float = math.inf,
     ) -> None:
-        self.batcher = batcher or TimerBatcher()
-        self.chooser = chooser or LeastLoaded()
+        self.batcher = batcher or AdaptiveBatcher()
+        self.chooser = chooser or ExpectedCompletion()
         self.estimates = estimates or ServiceEstimates()
         self.bounds = bounds
         self.aging_s = aging_s
         self.workers = WorkerPool()
         self.lanes: dict[LaneKey, Lane] = {}
+        self.stats: dict[LaneKey, LaneStats] = {}
         self.in_flight: dict[int, Dispatch] = {}
         self.queued_bytes = 0
         self._where: dict[int, LaneKey] = {}
@@ -113,6 +115,7 @@ class Dispatcher:
             evicted.append((victim, Unavailable("shed to make room for higher-priority work", reason="shed",
                                                 retry_after_s=hint)))  # fmt: skip
         lane.push(request)
+        self.stats.setdefault(request.lane, LaneStats()).arrived(request.arrival, request.rows)
         self.queued_bytes += request.size_bytes
         self._where[request.request_id] = request.lane
         heapq.heappush(self._latest, (request.latest_start, request.request_id))
@@ -159,12 +162,18 @@ class Dispatcher:
             self.queued_bytes -= request.size_bytes
         return request
 
-    def complete(self, batch_id: int) -> Dispatch | None:
+    def complete(self, batch_id: int, now: float = 0.0) -> Dispatch | None:
         """A worker answered a batch: free its slot and hand the batch back."""
         dispatch = self.in_flight.pop(batch_id, None)
         if dispatch is not None:
-            self.workers.release(dispatch.worker_id, dispatch.rows)
+            self.workers.release(dispatch.worker_id, dispatch.rows, now)
         return dispatch
+
+    def finished(self, request: QueuedRequest, now: float) -> None:
+        """A request completed: feed how much of its budget it used to its lane's batching control."""
+        budget = request.deadline - request.arrival
+        if budget > 0:
+            self.stats.setdefault(request.lane, LaneStats()).finished((now - request.arrival) / budget)
 
     def worker_joined(self, worker_id: str, models: set[tuple[str, str]], capacity: int) -> None:
         """A worker registered (or changed its models or capacity)."""
@@ -180,6 +189,7 @@ class Dispatcher:
         for dispatch in lost:
             del self.in_flight[dispatch.batch_id]
         self.workers.remove(worker_id)
+        self.estimates.forget_worker(worker_id)
         return lost
 
     # -- decisions ----------------------------------------------------------------------------------------
@@ -196,20 +206,26 @@ class Dispatcher:
 
     def _drain_lane(self, lane: Lane, now: float, decision: Decision) -> None:
         key = lane.key
+        stats = self.stats.setdefault(key, LaneStats())
 
         def batch_seconds(rows: int) -> float:
             return self.estimates.batch_seconds(key.model, key.version, rows)
+
+        def seconds_on(worker_id: str) -> float:
+            rows = min(lane.rows, lane.limits.max_batch_size)
+            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id)
 
         while len(lane):
             candidates = self.workers.serving(key.model, key.version)
             if not candidates:
                 decision.rejected.extend(self._reject_lane(lane))
                 return
-            worker = self.chooser.choose(candidates)
+            job = Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on)
+            worker = self.chooser.choose(candidates, job)
             if worker is None:
                 return  # every candidate is full; a completion will wake the shell
-            idle = worker.in_flight_batches == 0
-            verdict = self.batcher.decide(lane, now, worker_idle=idle, batch_seconds=batch_seconds)
+            ctx = BatchContext(now, worker.in_flight_batches == 0, batch_seconds, len(candidates), stats)
+            verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
                 decision.wake_at = _earliest(decision.wake_at, verdict.when)
                 return
@@ -218,7 +234,8 @@ class Dispatcher:
                 self._where.pop(request.request_id, None)
                 self.queued_bytes -= request.size_bytes
             dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, verdict.reason)
-            self.workers.reserve(worker.worker_id, dispatch.rows)
+            expected = self.estimates.batch_seconds(key.model, key.version, dispatch.rows, worker.worker_id)
+            self.workers.reserve(worker.worker_id, dispatch.rows, now, expected)
             self.in_flight[dispatch.batch_id] = dispatch
             decision.dispatches.append(dispatch)
 

@@ -56,11 +56,16 @@ class LatencyModel:
         return a + b * rows
 
 
+WORKER_FIT_AFTER = 5
+"""Reports a worker must have sent for a model before its own fit replaces the model-wide one."""
+
+
 class ServiceEstimates:
-    """A LatencyModel per (model, version), seeded from warm-up timings."""
+    """A LatencyModel per (model, version), and per (model, version, worker), seeded from warm-up."""
 
     def __init__(self) -> None:
         self._models: dict[tuple[str, str], LatencyModel] = {}
+        self._workers: dict[tuple[str, str, str], LatencyModel] = {}
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds)."""
@@ -73,14 +78,24 @@ class ServiceEstimates:
         fit.observations = 0  # seeds do not count as measurements
         self._models[key] = fit
 
-    def observe(self, model: str, version: str, rows: int, seconds: float) -> None:
+    def observe(self, model: str, version: str, rows: int, seconds: float, worker: str = "") -> None:
         """A worker reported a batch."""
         self._models.setdefault((model, version), LatencyModel()).observe(rows, seconds)
+        if worker:
+            self._workers.setdefault((model, version, worker), LatencyModel()).observe(rows, seconds)
 
-    def batch_seconds(self, model: str, version: str, rows: int) -> float:
-        """Expected execution time of a batch of `rows`."""
+    def batch_seconds(self, model: str, version: str, rows: int, worker: str = "") -> float:
+        """Expected execution time of a batch of `rows` (on `worker`, once it has reported enough)."""
+        own = self._workers.get((model, version, worker)) if worker else None
+        if own is not None and own.observations >= WORKER_FIT_AFTER:
+            return own.predict(rows)
         fit = self._models.get((model, version))
         return DEFAULT_SECONDS if fit is None else fit.predict(rows)
+
+    def forget_worker(self, worker: str) -> None:
+        """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
+        for key in [k for k in self._workers if k[2] == worker]:
+            del self._workers[key]
 
     def model(self, model: str, version: str) -> LatencyModel | None:
         """The fit for one version, if any."""

@@ -10,6 +10,7 @@ from common.clock import FakeClock
 from common.config import AdmissionSettings, TenantSettings
 from common.errors import Code, SluiceError
 from router.policy.admission import AdmissionController, queue_bounds
+from router.policy.batcher import TimerBatcher
 from router.policy.dispatcher import Dispatcher
 from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 
@@ -20,7 +21,7 @@ _ids = itertools.count(1)
 
 def make(settings: AdmissionSettings | None = None, clock: FakeClock | None = None) -> AdmissionController:
     settings = settings or AdmissionSettings(estimate_margin=1.0, lane_max_queued=4)
-    dispatcher = Dispatcher(bounds=queue_bounds(settings), aging_s=settings.aging_s)
+    dispatcher = Dispatcher(TimerBatcher(), bounds=queue_bounds(settings), aging_s=settings.aging_s)
     for _ in range(20):  # t(n) = 10 ms + 1 ms·n, learned from "worker reports"
         for rows in (1, 4):
             dispatcher.estimates.observe("m", "1", rows, 0.010 + 0.001 * rows)

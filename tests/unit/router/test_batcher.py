@@ -1,8 +1,11 @@
-"""TimerBatcher: cut on full, on max wait, on an idle worker; otherwise say when to look again."""
+"""Batching policies: when to cut, and when to look again."""
 
 from __future__ import annotations
 
-from router.policy.batcher import Cut, TimerBatcher, WakeAt
+import pytest
+
+from router.policy.batcher import AdaptiveBatcher, BatchContext, Cut, TimerBatcher, WakeAt
+from router.policy.lane_stats import LaneStats
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
 KEY = LaneKey("mlp", "1", (("input", (256,)),))
@@ -16,21 +19,21 @@ def lane_with(arrivals: list[float], rows: int = 1, max_batch: int = 4, max_wait
 
 
 def test_cuts_when_full_even_with_busy_worker() -> None:
-    assert TimerBatcher().decide(lane_with([0.0] * 4), 0.0, worker_idle=False) == Cut("full")
+    assert TimerBatcher().decide(lane_with([0.0] * 4), BatchContext(0.0, False)) == Cut("full")
 
 
 def test_waits_until_oldest_reaches_max_wait() -> None:
     lane = lane_with([0.0, 0.002])
-    assert TimerBatcher().decide(lane, 0.005, worker_idle=False) == WakeAt(0.01)
-    assert TimerBatcher().decide(lane, 0.01, worker_idle=False) == Cut("max_wait")
+    assert TimerBatcher().decide(lane, BatchContext(0.005, False)) == WakeAt(0.01)
+    assert TimerBatcher().decide(lane, BatchContext(0.01, False)) == Cut("max_wait")
 
 
 def test_work_conserving_when_worker_idle() -> None:
-    assert TimerBatcher().decide(lane_with([0.0]), 0.0, worker_idle=True) == Cut("idle_worker")
+    assert TimerBatcher().decide(lane_with([0.0]), BatchContext(0.0, True)) == Cut("idle_worker")
 
 
 def test_full_counts_rows_not_requests() -> None:
-    assert TimerBatcher().decide(lane_with([0.0, 0.0], rows=2), 0.0, worker_idle=False) == Cut("full")
+    assert TimerBatcher().decide(lane_with([0.0, 0.0], rows=2), BatchContext(0.0, False)) == Cut("full")
 
 
 def test_pop_batch_never_exceeds_max_rows() -> None:
@@ -38,3 +41,48 @@ def test_pop_batch_never_exceeds_max_rows() -> None:
     first = lane.pop_batch(0.0)
     assert [r.request_id for r in first] == [0]
     assert len(lane) == 2 and lane.rows == 6
+
+
+def linear(a: float, b: float):  # type: ignore[no-untyped-def]
+    return lambda rows: a + b * rows
+
+
+def stats_at_rate(rate: float, now: float = 10.0, healthy: bool = False) -> LaneStats:
+    stats = LaneStats()
+    for i in range(int(rate * 5)):  # 5 s of steady arrivals: the decayed count settles at the rate
+        stats.arrived(now - 5.0 + i / rate)
+    stats.healthy = healthy
+    return stats
+
+
+def adaptive_ctx(rate: float, *, idle: bool, workers: int = 1, healthy: bool = False) -> BatchContext:
+    return BatchContext(10.0, idle, linear(0.010, 0.001), workers, stats_at_rate(rate, healthy=healthy))
+
+
+def test_adaptive_target_is_one_when_lightly_loaded_and_full_when_overloaded() -> None:
+    lane = lane_with([10.0], max_batch=32, max_wait=0.05)
+    batcher = AdaptiveBatcher()
+    assert batcher.target(lane, adaptive_ctx(5, idle=True)) == 1
+    assert batcher.target(lane, adaptive_ctx(2000, idle=False)) == 32  # mu*b >= 1: overloaded
+
+
+def test_adaptive_target_keeps_up_with_arrivals() -> None:
+    lane = lane_with([10.0], max_batch=32, max_wait=0.05)
+    # n = mu*a / (1 - mu*b) with mu = 500/s, a = 10 ms, b = 1 ms: 5 / 0.5 = 10
+    assert AdaptiveBatcher().target(lane, adaptive_ctx(500, idle=False)) == pytest.approx(10, abs=1)
+    assert AdaptiveBatcher().target(lane, adaptive_ctx(500, idle=False, workers=2)) == pytest.approx(4, abs=1)
+
+
+def test_adaptive_idle_worker_waits_only_when_the_target_fills_in_time() -> None:
+    lane = lane_with([10.0] * 3, max_batch=32, max_wait=0.05)
+    assert isinstance(AdaptiveBatcher().decide(lane, adaptive_ctx(500, idle=True)), WakeAt)
+    slow = lane_with([10.0] * 3, max_batch=32, max_wait=0.001)
+    assert AdaptiveBatcher().decide(slow, adaptive_ctx(500, idle=True)) == Cut("idle_worker")
+
+
+def test_adaptive_headroom_mode_grows_batches_only_when_latency_is_healthy() -> None:
+    lane = lane_with([10.0], max_batch=32, max_wait=0.05)
+    lane.limits = LaneLimits(max_batch_size=32, max_wait_s=0.05)
+    unhealthy = AdaptiveBatcher().target(lane, adaptive_ctx(100, idle=True, workers=4))
+    healthy = AdaptiveBatcher().target(lane, adaptive_ctx(100, idle=True, workers=4, healthy=True))
+    assert unhealthy == 1 and healthy > unhealthy

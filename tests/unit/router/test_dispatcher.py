@@ -8,8 +8,10 @@ import pytest
 
 from common.clock import FakeClock
 from common.errors import Code
+from router.policy.batcher import TimerBatcher
 from router.policy.dispatcher import Dispatcher
 from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from router.policy.scheduler import LeastLoaded
 
 KEY = LaneKey("mlp", "1", (("input", (256,)),))
 LIMITS = LaneLimits(max_batch_size=8, max_wait_s=0.010)
@@ -28,7 +30,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def dispatcher() -> Dispatcher:
-    d = Dispatcher()
+    d = Dispatcher(batcher=TimerBatcher(), chooser=LeastLoaded())  # the timer batcher's contract (issue 2)
     for name in ("w1", "w2"):
         d.worker_joined(name, {("mlp", "1")}, capacity=2)
     return d

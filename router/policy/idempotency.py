@@ -1,0 +1,405 @@
+"""Idempotency semantics: keys, records, and the decisions every store (in-process or Redis) carries out.
+
+A record lives under `scoped_key(tenant, key)` and is in exactly one of two states:
+- IN_FLIGHT: one caller (the owner, named by a random token) is executing the request. It holds a *lease*
+  (the request's deadline plus a margin); once the lease ends the record is dead, so an owner that crashed
+  blocks its key for at most one lease.
+- COMPLETED: the outcome (a response, or a terminal error's code and message) is stored until the record's
+  TTL (default 24 h) ends, and replayed to every later caller with the same fingerprint — even after a new
+  model version rolled out, because the stored response names the version that produced it.
+
+Decisions (`decide`): no live record → Proceed (become the owner); a live record with another fingerprint →
+Conflict (FAILED_PRECONDITION: the key was reused for a different request); same fingerprint → Wait while
+in flight, Replay once completed. An owner ends its claim with `settle(code)`: "store" for a success or a
+terminal error, "release" for outcomes the caller is expected to retry (the retry then executes afresh).
+Only the owner may release (its token must match), so a late owner whose lease already passed cannot free a
+newer owner's claim; completion is accepted from any caller with the same fingerprint unless the record is
+already completed (first completion wins).
+
+Privacy: scoped keys are SHA-256 digests of (tenant, key), so tenant B's identical key string names a
+different record, and a Redis key never shows the raw idempotency key. Records hold the request's
+fingerprint (a digest), never its inputs.
+
+Pure: no I/O, no clock (every `now` is a parameter), no randomness (stores make tokens).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+from common.errors import Code, FailedPrecondition, InvalidArgument, Unavailable
+
+MAX_KEY_LENGTH = 255
+DEFAULT_RECORD_TTL_S = 24 * 3600.0
+DEFAULT_MAX_RECORDS = 100_000
+DEFAULT_LEASE_MARGIN_S = 2.0
+STORE_DOWN_RETRY_S = 1.0
+MAX_STORED_MESSAGE = 1024
+
+RELEASE_CODES: frozenset[Code] = frozenset(
+    {
+        Code.CANCELLED,  # the caller gave up: from its view the call never completed
+        Code.DEADLINE_EXCEEDED,  # likewise; a retry with more time should run, not replay the timeout
+        Code.UNAVAILABLE,  # shed, no worker, worker lost: retryable by definition (DESIGN.md §5)
+        Code.RESOURCE_EXHAUSTED,  # rate limit or quota: retryable after the hint
+        Code.ABORTED,  # concurrency conflict: retryable
+        Code.UNKNOWN,  # we cannot tell it is terminal, so we must not pin it for a day
+    }
+)
+"""Outcomes that release the key. Everything else — OK and terminal errors (INVALID_ARGUMENT, NOT_FOUND,
+INTERNAL, PERMISSION_DENIED, FAILED_PRECONDITION, ...) — is stored and replayed."""
+
+_SCOPE_TAG = b"sluice/idempotency-key/1"
+_RECORD_MAGIC = b"SLI1"
+_U16 = struct.Struct(">H")
+
+
+class State(enum.Enum):
+    """Where a record stands."""
+
+    IN_FLIGHT = "F"
+    COMPLETED = "D"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A successful outcome: the serialized response and the model version that produced it."""
+
+    response_bytes: bytes
+    model_version: str
+
+
+@dataclass(frozen=True)
+class StoredError:
+    """A terminal error outcome, replayed as the same status code and message."""
+
+    code: int
+    message: str
+
+
+StoredOutcome = StoredResponse | StoredError
+
+
+@dataclass(frozen=True)
+class Record:
+    """One key's state. `until` ends the lease (IN_FLIGHT) or the TTL (COMPLETED), on the store's time scale;
+    records read from Redis carry `math.inf` because Redis enforces their expiry itself."""
+
+    fingerprint: str
+    state: State
+    owner: str
+    outcome: StoredOutcome | None
+    until: float
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Proof of a claim: what the owner passes back to complete or release it."""
+
+    scoped_key: str
+    fingerprint: str
+    token: str
+
+
+@dataclass(frozen=True)
+class Proceed:
+    """The caller owns the key: execute, then complete or release with `ticket`."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Another caller is executing the same request; wait for its outcome until `until` (lease end, or
+    `math.inf` when the store does not know it), then claim again."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The request already completed: answer with the stored outcome."""
+
+    outcome: StoredOutcome
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """The key is held for a different request."""
+
+
+Decision = Proceed | Wait | Replay | Conflict
+
+
+def validate_key(key: str) -> str:
+    """The key if it is 1-255 printable ASCII characters (space to tilde); InvalidArgument otherwise."""
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise InvalidArgument(
+            f"idempotency-key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}",
+            reason="bad_idempotency_key",
+        )
+    if not all(" " <= ch <= "~" for ch in key):
+        raise InvalidArgument("idempotency-key must be printable ASCII", reason="bad_idempotency_key")
+    return key
+
+
+def scoped_key(tenant: str, key: str) -> str:
+    """Hex SHA-256 of (tenant, key): the record's name. Validates `key`."""
+    validate_key(key)
+    digest = hashlib.sha256()
+    for part in (_SCOPE_TAG, tenant.encode(), key.encode()):
+        digest.update(struct.pack(">Q", len(part)))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def lease_seconds(timeout_s: float, margin_s: float = DEFAULT_LEASE_MARGIN_S) -> float:
+    """How long an in-flight claim holds: the request's time budget plus a margin for the answer to land."""
+    return max(timeout_s, 0.0) + margin_s
+
+
+def settle(code: int) -> Literal["store", "release"]:
+    """What an owner does with its outcome: keep it for replay, or free the key for a retry."""
+    return "release" if code in RELEASE_CODES else "store"
+
+
+def is_live(record: Record, now: float) -> bool:
+    """Whether the record still binds its key (lease or TTL not over)."""
+    return now < record.until
+
+
+def decide(existing: Record | None, *, ticket: Ticket, now: float) -> Decision:
+    """The outcome of a claim by `ticket` (fingerprint + a fresh token) against the current record."""
+    if existing is None or not is_live(existing, now):
+        return Proceed(ticket)
+    if existing.fingerprint != ticket.fingerprint:
+        return Conflict()
+    if existing.state is State.IN_FLIGHT:
+        return Wait(existing.until)
+    assert existing.outcome is not None, "a completed record always holds its outcome"
+    return Replay(existing.outcome)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A waiter's view of a record still in flight for its request, until `until`."""
+
+    until: float
+
+
+def on_wake(existing: Record | None, fingerprint: str, now: float) -> StoredOutcome | Pending | None:
+    """What a waiter learns from the record: the outcome to replay, Pending, or None — released, expired, or
+    now held for another request — meaning "claim again" (which then proceeds, waits or conflicts)."""
+    if existing is None or not is_live(existing, now) or existing.fingerprint != fingerprint:
+        return None
+    if existing.state is State.IN_FLIGHT:
+        return Pending(existing.until)
+    return existing.outcome
+
+
+def may_complete(existing: Record | None, ticket: Ticket, now: float) -> bool:
+    """Whether `ticket` may write its outcome: not over a completed record (first completion wins), nor over
+    another request's live record; yes over a dead or missing one (the result is still worth keeping)."""
+    if existing is None or not is_live(existing, now):
+        return True
+    return existing.state is State.IN_FLIGHT and existing.fingerprint == ticket.fingerprint
+
+
+def may_release(existing: Record | None, ticket: Ticket, now: float) -> bool:
+    """Whether `ticket` may free the key: only its own live in-flight claim."""
+    return (
+        existing is not None
+        and is_live(existing, now)
+        and existing.state is State.IN_FLIGHT
+        and existing.owner == ticket.token
+    )
+
+
+def in_flight(ticket: Ticket, now: float, lease_s: float) -> Record:
+    """The record a successful claim writes."""
+    return Record(ticket.fingerprint, State.IN_FLIGHT, ticket.token, None, now + lease_s)
+
+
+def completed(ticket: Ticket, outcome: StoredOutcome, now: float, ttl_s: float) -> Record:
+    """The record a completion writes."""
+    if isinstance(outcome, StoredError):
+        outcome = StoredError(outcome.code, outcome.message[:MAX_STORED_MESSAGE])
+    return Record(ticket.fingerprint, State.COMPLETED, ticket.token, outcome, now + ttl_s)
+
+
+def conflict_error() -> FailedPrecondition:
+    """FAILED_PRECONDITION for a key reused with a different request (DESIGN.md §5)."""
+    return FailedPrecondition(
+        "idempotency-key was already used with a different request (model, version, inputs, outputs or "
+        "parameters differ); use a new key",
+        reason="idempotency_key_reused",
+    )
+
+
+def store_down_error(detail: str, retry_after_s: float = STORE_DOWN_RETRY_S) -> Unavailable:
+    """UNAVAILABLE for a keyed request while the idempotency store cannot be reached (fail closed)."""
+    return Unavailable(
+        f"idempotency store unavailable ({detail}); keyed requests are refused rather than risk running "
+        "twice",
+        reason="idempotency_store_down",
+        retry_after_s=retry_after_s,
+    )
+
+
+def _lp(data: bytes) -> bytes:
+    return _U16.pack(len(data)) + data
+
+
+def _encode_outcome(outcome: StoredOutcome | None) -> bytes:
+    if outcome is None:
+        return b"-"
+    if isinstance(outcome, StoredResponse):
+        return b"R" + _lp(outcome.model_version.encode()) + outcome.response_bytes
+    return b"E" + _U16.pack(outcome.code) + outcome.message.encode()[: MAX_STORED_MESSAGE * 4]
+
+
+def encode_record(record: Record) -> bytes:
+    """Bytes for a shared store (no times: the store's own expiry enforces `until`)."""
+    head = _RECORD_MAGIC + record.state.value.encode()
+    return (
+        head + _lp(record.fingerprint.encode()) + _lp(record.owner.encode()) + _encode_outcome(record.outcome)
+    )
+
+
+class _Reader:
+    def __init__(self, blob: bytes) -> None:
+        self.blob, self.at = blob, 0
+
+    def take(self, n: int) -> bytes:
+        if self.at + n > len(self.blob):
+            raise ValueError("truncated record")
+        part = self.blob[self.at : self.at + n]
+        self.at += n
+        return part
+
+    def u16(self) -> int:
+        return int(_U16.unpack(self.take(_U16.size))[0])
+
+    def prefixed(self) -> bytes:
+        return self.take(self.u16())
+
+    def rest(self) -> bytes:
+        part, self.at = self.blob[self.at :], len(self.blob)
+        return part
+
+
+def _decode_outcome(reader: _Reader) -> StoredOutcome | None:
+    kind = reader.take(1)
+    if kind == b"-":
+        return None
+    if kind == b"R":
+        version = reader.prefixed().decode()
+        return StoredResponse(response_bytes=reader.rest(), model_version=version)
+    if kind == b"E":
+        code = reader.u16()
+        return StoredError(code=code, message=reader.rest().decode(errors="replace"))
+    raise ValueError(f"unknown outcome kind {kind!r}")
+
+
+def decode_record(blob: bytes) -> Record:
+    """Parse `encode_record` output (`until` = inf); ValueError on anything malformed."""
+    reader = _Reader(blob)
+    if reader.take(len(_RECORD_MAGIC)) != _RECORD_MAGIC:
+        raise ValueError("not an idempotency record")
+    state = State(reader.take(1).decode())
+    fingerprint = reader.prefixed().decode()
+    owner = reader.prefixed().decode()
+    outcome = _decode_outcome(reader)
+    if (state is State.COMPLETED) != (outcome is not None):
+        raise ValueError("a record holds an outcome iff it is completed")
+    return Record(fingerprint, state, owner, outcome, math.inf)
+
+
+@dataclass
+class TableCounters:
+    """Monotonic counters of the in-process table, for metrics."""
+
+    claims: int = 0
+    conflicts: int = 0
+    replays: int = 0
+    waits: int = 0
+    expired: int = 0
+    evictions: int = 0
+
+
+class IdempotencyTable:
+    """Records of one process: bounded in count, expired by `until`. Pure; the in-process store drives it.
+
+    When full, the record written longest ago is evicted (counted): records share one TTL, so that is the
+    one closest to expiry. Evicting a live record forgets a key early, which only loses deduplication for
+    it; in-flight records are few (bounded by in-flight quotas) next to `max_records`.
+    """
+
+    def __init__(self, max_records: int = DEFAULT_MAX_RECORDS) -> None:
+        if max_records < 1:
+            raise ValueError("max_records must be >= 1")
+        self.max_records = max_records
+        self.counters = TableCounters()
+        self._records: OrderedDict[str, Record] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def lookup(self, scoped_key: str, now: float) -> Record | None:
+        """The live record under `scoped_key`, dropping it if dead."""
+        record = self._records.get(scoped_key)
+        if record is not None and not is_live(record, now):
+            del self._records[scoped_key]
+            self.counters.expired += 1
+            return None
+        return record
+
+    def claim(self, ticket: Ticket, now: float, lease_s: float) -> Decision:
+        """Decide, and on Proceed write the in-flight record."""
+        decision = decide(self.lookup(ticket.scoped_key, now), ticket=ticket, now=now)
+        if isinstance(decision, Proceed):
+            self._write(ticket.scoped_key, in_flight(ticket, now, lease_s), now)
+            self.counters.claims += 1
+        elif isinstance(decision, Conflict):
+            self.counters.conflicts += 1
+        elif isinstance(decision, Replay):
+            self.counters.replays += 1
+        else:
+            self.counters.waits += 1
+        return decision
+
+    def complete(self, ticket: Ticket, outcome: StoredOutcome, now: float, ttl_s: float) -> bool:
+        """Store the outcome if `may_complete`; whether it was stored."""
+        if not may_complete(self.lookup(ticket.scoped_key, now), ticket, now):
+            return False
+        self._write(ticket.scoped_key, completed(ticket, outcome, now, ttl_s), now)
+        return True
+
+    def release(self, ticket: Ticket, now: float) -> bool:
+        """Delete the owner's in-flight record if `may_release`; whether it was deleted."""
+        if not may_release(self.lookup(ticket.scoped_key, now), ticket, now):
+            return False
+        del self._records[ticket.scoped_key]
+        return True
+
+    def _write(self, scoped_key: str, record: Record, now: float) -> None:
+        self._records.pop(scoped_key, None)
+        self._drop_dead_front(now)
+        while len(self._records) >= self.max_records:
+            self._records.popitem(last=False)
+            self.counters.evictions += 1
+        self._records[scoped_key] = record
+
+    def _drop_dead_front(self, now: float) -> None:
+        while self._records:
+            key, record = next(iter(self._records.items()))
+            if is_live(record, now):
+                return
+            del self._records[key]
+            self.counters.expired += 1

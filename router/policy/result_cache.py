@@ -1,0 +1,228 @@
+"""Result cache semantics: a byte-bounded LRU with TTL (tier 1) and the self-verifying entry format that
+both tiers store.
+
+Invariants:
+- `ByteLRU.bytes_used` never exceeds `capacity_bytes` after `put` returns; it counts every entry's key,
+  value and a fixed bookkeeping overhead. A value too large to ever fit is refused, not stored.
+- `get` never returns an entry at or past its expiry; expired entries are dropped when met.
+- Eviction is least-recently-used: `get` and `put` both mark an entry as used.
+- An entry blob embeds a SHA-256 over (its cache key, model, version, response bytes). `decode_entry`
+  recomputes it, so a value stored under another key (a bug, a copy-paste in redis-cli, a key collision in
+  a shared Redis) or a truncated/corrupted value is rejected and the caller treats it as a miss. With a
+  `secret` the digest is an HMAC, which also stops anyone who can write to Redis but lacks the secret from
+  planting results; without one it guards against accidents only.
+
+Time is the caller's `now` (seconds, any monotonic scale): nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.errors import InvalidArgument
+
+ENTRY_OVERHEAD_BYTES = 128
+"""Approximate per-entry cost of the dict slot, the record and the key object, charged against capacity
+so many tiny entries cannot exceed the memory bound the operator configured."""
+
+_MAGIC = b"SLC1"
+_DIGEST_LEN = 32
+_ENTRY_TAG = b"sluice/cache-entry/1"
+_HEADER = struct.Struct(">H")
+
+
+@dataclass
+class LruCounters:
+    """Monotonic counters for metrics: hits, misses, expirations, capacity evictions, refused puts, purges."""
+
+    hits: int = 0
+    misses: int = 0
+    expired: int = 0
+    evictions: int = 0
+    too_large: int = 0
+    purged: int = 0
+
+
+@dataclass
+class _Slot:
+    value: bytes
+    expires_at: float
+    tag: str
+    size: int
+
+
+class ByteLRU:
+    """An LRU map from key to bytes, bounded by total size in bytes, with a per-entry time to live."""
+
+    def __init__(self, capacity_bytes: int, ttl_s: float) -> None:
+        if capacity_bytes < 0 or ttl_s <= 0:
+            raise ValueError("capacity_bytes must be >= 0 and ttl_s > 0")
+        self.capacity_bytes = capacity_bytes
+        self.ttl_s = ttl_s
+        self.counters = LruCounters()
+        self._slots: OrderedDict[str, _Slot] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes charged for the entries held now (keys, values and overhead)."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def get(self, key: str, now: float) -> bytes | None:
+        """The live value under `key` (marking it recently used), else None."""
+        slot = self._slots.get(key)
+        if slot is not None and slot.expires_at <= now:
+            self._remove(key)
+            self.counters.expired += 1
+            slot = None
+        if slot is None:
+            self.counters.misses += 1
+            return None
+        self._slots.move_to_end(key)
+        self.counters.hits += 1
+        return slot.value
+
+    def put(self, key: str, value: bytes, now: float, *, tag: str = "", ttl_s: float | None = None) -> bool:
+        """Store `value` for `min(ttl_s, self.ttl_s)` seconds, evicting least-recently-used entries to make
+        room; False (nothing stored) if it can never fit. `tag` groups entries for `purge`."""
+        size = len(key) + len(value) + ENTRY_OVERHEAD_BYTES
+        if key in self._slots:
+            self._remove(key)
+        if size > self.capacity_bytes:
+            self.counters.too_large += 1
+            return False
+        self._drop_expired_front(now)
+        while self._bytes + size > self.capacity_bytes:
+            oldest = next(iter(self._slots))
+            self._remove(oldest)
+            self.counters.evictions += 1
+        ttl = self.ttl_s if ttl_s is None else min(ttl_s, self.ttl_s)
+        self._slots[key] = _Slot(value, now + ttl, tag, size)
+        self._bytes += size
+        return True
+
+    def discard(self, key: str) -> bool:
+        """Remove `key` if present; whether it was."""
+        if key not in self._slots:
+            return False
+        self._remove(key)
+        return True
+
+    def purge(self, predicate: Callable[[str], bool]) -> int:
+        """Remove every entry whose tag satisfies `predicate`; how many were removed."""
+        doomed = [key for key, slot in self._slots.items() if predicate(slot.tag)]
+        for key in doomed:
+            self._remove(key)
+        self.counters.purged += len(doomed)
+        return len(doomed)
+
+    def _remove(self, key: str) -> None:
+        slot = self._slots.pop(key)
+        self._bytes -= slot.size
+
+    def _drop_expired_front(self, now: float) -> None:
+        # The least recently used entries are the likeliest to have expired; freeing them first means a
+        # put evicts live entries only when the expired ones did not make enough room.
+        while self._slots:
+            key, slot = next(iter(self._slots.items()))
+            if slot.expires_at > now:
+                return
+            self._remove(key)
+            self.counters.expired += 1
+
+
+@dataclass(frozen=True)
+class CachedResponse:
+    """A verified cache entry: the serialized response, and the model and version that produced it."""
+
+    response_bytes: bytes
+    model: str
+    model_version: str
+
+
+def _entry_digest(key: str, model: str, model_version: str, response_bytes: bytes, secret: bytes) -> bytes:
+    parts = (_ENTRY_TAG, key.encode(), model.encode(), model_version.encode(), response_bytes)
+    material = b"".join(struct.pack(">Q", len(p)) + p for p in parts)
+    if secret:
+        return hmac.new(secret, material, hashlib.sha256).digest()
+    return hashlib.sha256(material).digest()
+
+
+def encode_entry(
+    key: str, response_bytes: bytes, model_version: str, *, model: str, secret: bytes = b""
+) -> bytes:
+    """The stored value: magic, a digest binding it to `key`, the model and version (so a purge can find
+    copies promoted from Redis), then the response bytes."""
+    digest = _entry_digest(key, model, model_version, response_bytes, secret)
+    names = b"".join(_HEADER.pack(len(b)) + b for b in (model.encode(), model_version.encode()))
+    return _MAGIC + digest + names + response_bytes
+
+
+def _split_names(blob: bytes, at: int) -> tuple[str, str, int] | None:
+    names: list[str] = []
+    for _ in range(2):
+        if len(blob) < at + _HEADER.size:
+            return None
+        (length,) = _HEADER.unpack_from(blob, at)
+        at += _HEADER.size
+        if len(blob) < at + length:
+            return None
+        try:
+            names.append(blob[at : at + length].decode())
+        except UnicodeDecodeError:
+            return None
+        at += length
+    return names[0], names[1], at
+
+
+def decode_entry(key: str, blob: bytes, *, secret: bytes = b"") -> CachedResponse | None:
+    """The entry in `blob` if it is well formed and was written for `key`; None otherwise (a miss)."""
+    head = len(_MAGIC) + _DIGEST_LEN
+    if len(blob) < head or not blob.startswith(_MAGIC):
+        return None
+    split = _split_names(blob, head)
+    if split is None:
+        return None
+    model, version, at = split
+    response = blob[at:]
+    digest = blob[len(_MAGIC) : head]
+    if not hmac.compare_digest(digest, _entry_digest(key, model, version, response, secret)):
+        return None
+    return CachedResponse(response_bytes=response, model=model, model_version=version)
+
+
+def purge_tag(model: str, version: str | None = None) -> str:
+    """The `ByteLRU` tag of entries for (model, version), or the prefix shared by all versions of `model`
+    when `version` is None. Length-prefixed, so model "a" never matches model "ab"."""
+    head = f"{len(model)}:{model}"
+    return head if version is None else f"{head}{version}"
+
+
+class CacheUse(enum.Enum):
+    """What a request does with the result cache."""
+
+    OFF = "off"
+    """The model is not cacheable (not deterministic, or its cache is disabled)."""
+    BYPASS = "bypass"
+    """Cacheable, but the request set parameters["cache"]=false: neither read nor written."""
+    LOOKUP = "lookup"
+    """Read the cache; on a miss, execute (coalesced) and write the result."""
+
+
+def cache_use(*, deterministic: bool, enabled: bool, requested: object = None) -> CacheUse:
+    """Decide from the model's config and the request's `parameters["cache"]` (None when absent);
+    InvalidArgument unless that parameter is a bool."""
+    if requested is not None and not isinstance(requested, bool):
+        raise InvalidArgument('parameters["cache"] must be a bool', reason="bad_parameter")
+    if not (deterministic and enabled):
+        return CacheUse.OFF
+    return CacheUse.BYPASS if requested is False else CacheUse.LOOKUP

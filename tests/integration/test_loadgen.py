@@ -1,0 +1,113 @@
+"""The load generator against a real in-process gRPC sink: every scheduled request is sent once and
+accounted for once, at the offered rate; the CLI writes its JSON report; the ceiling ramp runs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.loadgen import run_scenario
+from bench.loadgen_ceiling import measure_ceiling
+from bench.loadgen_scenario import parse_scenario
+from bench.loadgen_sink import SinkServer, SinkServicer
+from cli.bench_cmd import add_bench_parser, run_bench
+from cli.cluster import free_port
+from cli.main import _Parser
+
+pytestmark = pytest.mark.integration
+
+REJECT_EVERY = 7
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[tuple[SinkServicer, str]]:
+    """A sink that rejects every 7th request with UNAVAILABLE/queue_full (hint 50 ms)."""
+    servicer = SinkServicer(reject_every=REJECT_EVERY)
+    server = SinkServer(servicer)
+    addr = await server.start()
+    try:
+        yield servicer, addr
+    finally:
+        await server.stop(0)
+
+
+def _scenario_data(target: str) -> dict[str, object]:
+    return {
+        "target": target,
+        "duration_s": 2,
+        "rate": 200,
+        "seed": 4,
+        "channels": 2,
+        "classes": [
+            {
+                "name": "gold",
+                "weight": 1,
+                "tenant_key": "g",
+                "priority": 1,
+                "model": "sink",
+                "deadline_ms": 500,
+            },
+            {"name": "bronze", "weight": 5, "priority": 3, "model": "sink", "deadline_ms": 500, "rows": 2},
+        ],
+    }
+
+
+async def test_every_request_is_sent_once_and_accounted_for_once(sink: tuple[SinkServicer, str]) -> None:
+    servicer, addr = sink
+    report = await run_scenario(parse_scenario(_scenario_data(addr)))
+    total = report["total"]
+    assert report["scheduled"] == 400 == total["offered"]
+    assert servicer.infer_calls == 400  # each scheduled request reached the server exactly once
+    assert total["ok"] + total["rejected"] == 400
+    assert total["rejected_by_status"] == {"UNAVAILABLE/queue_full": 400 // REJECT_EVERY}
+    assert total["rejected_with_hint"] == 400 // REJECT_EVERY
+    assert total["late_ok"] == 0 and total["good"] == total["ok"]
+    assert sum(c["offered"] for c in report["classes"]) == 400
+    assert total["offered_rps"] == 200.0
+    assert report["achieved_send_rps"] == pytest.approx(200, rel=0.05)
+    assert sum(report["timeline"]["total"]["offered"]) == 400
+    assert report["send_lag_ms"]["p99"] < 50  # loose: CI machines are shared
+    assert report["warnings"] == [] or "send lag" in report["warnings"][0]
+
+
+async def test_cli_prints_the_table_and_writes_json(
+    sink: tuple[SinkServicer, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, addr = sink
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_scenario_data("nowhere:1")))  # JSON is YAML; --target overrides it
+    out = tmp_path / "report.json"
+    args = _parse(["bench", str(path), "--target", addr, "--duration", "1", "--json", str(out)])
+    assert await asyncio.to_thread(run_bench, args) == 0  # run_bench owns its event loop
+    printed = capsys.readouterr().out
+    assert "bronze" in printed and "UNAVAILABLE/queue_full=" in printed
+    report = json.loads(out.read_text())
+    assert report["scheduled"] == 200 and report["scenario"]["target"] == addr
+    assert set(report["timeline"]["by_class"]) == {"gold", "bronze"}
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_scenario_data(f"127.0.0.1:{free_port()}")))  # nothing listens
+    assert run_bench(_parse(["bench", str(path), "--connect-timeout", "0.5"])) == 2
+    path.write_text("duration_s: 1\nrate: 1\nclasses: [{name: c, model: m}]\n")
+    assert run_bench(_parse(["bench", str(path)])) == 1  # deadline_ms missing
+    assert run_bench(_parse(["bench"])) == 1
+
+
+async def test_ceiling_ramp_smoke() -> None:
+    report = await measure_ceiling(steps=(100, 200), step_s=0.5, channels=1, in_process=True)
+    assert [s["rate"] for s in report["steps"]] == [100, 200]
+    assert all(s["not_ok"] == 0 for s in report["steps"])
+    assert report["ceiling_rps"] in (0, 100, 200)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="sluice")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    return parser.parse_args(argv)

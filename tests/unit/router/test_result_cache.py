@@ -1,0 +1,172 @@
+"""Result cache core: the byte-bounded LRU with TTL, self-verifying entries, and when a request uses the
+cache. Time is a plain float: nothing here sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.clock import FakeClock
+from common.errors import SluiceError
+from router.policy.result_cache import (
+    ENTRY_OVERHEAD_BYTES,
+    ByteLRU,
+    CachedResponse,
+    CacheUse,
+    cache_use,
+    decode_entry,
+    encode_entry,
+    purge_tag,
+)
+from router.stores.cache_store import ResultCacheStore
+
+K = "k" * 64  # cache keys are 64 hex digits
+ENTRY = len(K) + 100 + ENTRY_OVERHEAD_BYTES  # the charge for a 100-byte value under a 64-char key
+
+
+def key(i: int) -> str:
+    return f"{i:064d}"
+
+
+# ---------------------------------------------------------------- ByteLRU
+
+
+def test_bytes_used_never_exceeds_capacity_and_lru_is_evicted_first() -> None:
+    lru = ByteLRU(capacity_bytes=3 * ENTRY, ttl_s=60)
+    for i in range(3):
+        assert lru.put(key(i), bytes(100), now=0)
+    assert lru.bytes_used == 3 * ENTRY
+    assert lru.get(key(0), now=1) is not None  # 0 is now the most recently used; 1 is the LRU
+    lru.put(key(3), bytes(100), now=2)
+    assert lru.bytes_used <= lru.capacity_bytes
+    assert lru.get(key(1), now=2) is None
+    assert all(lru.get(key(i), now=2) is not None for i in (0, 2, 3))
+    assert lru.counters.evictions == 1
+
+
+def test_a_large_value_evicts_as_many_entries_as_it_needs() -> None:
+    lru = ByteLRU(capacity_bytes=4 * ENTRY, ttl_s=60)
+    for i in range(4):
+        lru.put(key(i), bytes(100), now=0)
+    lru.put(key(9), bytes(ENTRY + 200), now=0)  # charged a little over two entries: three must go
+    assert lru.bytes_used <= lru.capacity_bytes
+    assert [lru.get(key(i), now=0) is not None for i in range(4)] == [False, False, False, True]
+    assert lru.counters.evictions == 3
+
+
+def test_a_value_larger_than_capacity_is_refused_and_evicts_nothing() -> None:
+    lru = ByteLRU(capacity_bytes=2 * ENTRY, ttl_s=60)
+    lru.put(key(0), bytes(100), now=0)
+    assert not lru.put(key(1), bytes(2 * ENTRY), now=0)
+    assert lru.counters.too_large == 1
+    assert lru.get(key(0), now=0) is not None and len(lru) == 1
+
+
+def test_replacing_a_key_recharges_its_size() -> None:
+    lru = ByteLRU(capacity_bytes=10 * ENTRY, ttl_s=60)
+    lru.put(K, bytes(100), now=0)
+    lru.put(K, bytes(10), now=0)
+    assert lru.bytes_used == len(K) + 10 + ENTRY_OVERHEAD_BYTES and len(lru) == 1
+
+
+def test_entries_expire_at_their_ttl() -> None:
+    lru = ByteLRU(capacity_bytes=10 * ENTRY, ttl_s=5)
+    lru.put(K, b"v", now=100)
+    assert lru.get(K, now=104.999) == b"v"
+    assert lru.get(K, now=105) is None
+    assert lru.counters.expired == 1 and lru.bytes_used == 0
+
+
+def test_a_shorter_ttl_override_wins_but_never_a_longer_one() -> None:
+    lru = ByteLRU(capacity_bytes=10 * ENTRY, ttl_s=5)
+    lru.put(key(0), b"v", now=0, ttl_s=1)
+    lru.put(key(1), b"v", now=0, ttl_s=50)
+    assert lru.get(key(0), now=1) is None
+    assert lru.get(key(1), now=4.9) == b"v" and lru.get(key(1), now=5) is None
+
+
+def test_expired_entries_are_freed_before_live_ones_are_evicted() -> None:
+    lru = ByteLRU(capacity_bytes=2 * ENTRY, ttl_s=10)
+    lru.put(key(0), bytes(100), now=0)
+    lru.put(key(1), bytes(100), now=8)
+    lru.put(key(2), bytes(100), now=11)  # key 0 expired at 10: it goes, key 1 stays
+    assert lru.get(key(1), now=11) is not None
+    assert lru.counters.evictions == 0 and lru.counters.expired == 1
+
+
+def test_purge_by_tag() -> None:
+    lru = ByteLRU(capacity_bytes=10 * ENTRY, ttl_s=60)
+    lru.put(key(0), b"a", now=0, tag=purge_tag("mlp", "1"))
+    lru.put(key(1), b"b", now=0, tag=purge_tag("mlp", "2"))
+    lru.put(key(2), b"c", now=0, tag=purge_tag("mlp2", "1"))
+    assert lru.purge(lambda tag: tag == purge_tag("mlp", "1")) == 1
+    prefix = purge_tag("mlp")
+    assert lru.purge(lambda tag: tag.startswith(prefix)) == 1  # "mlp2" is not a version of "mlp"
+    assert lru.get(key(2), now=0) == b"c" and len(lru) == 1
+
+
+# ---------------------------------------------------------------- entries
+
+
+def test_entry_round_trip() -> None:
+    blob = encode_entry(K, b"response", "7", model="mlp")
+    assert decode_entry(K, blob) == CachedResponse(b"response", "mlp", "7")
+    assert decode_entry(K, encode_entry(K, b"", "", model="m")) == CachedResponse(b"", "m", "")
+
+
+def test_entry_under_another_key_is_rejected() -> None:
+    blob = encode_entry(key(1), b"response", "7", model="mlp")
+    assert decode_entry(key(2), blob) is None
+
+
+@pytest.mark.parametrize("where", [0, 5, 40, -1])
+def test_a_corrupted_entry_is_rejected(where: int) -> None:
+    blob = bytearray(encode_entry(K, b"response", "7", model="mlp"))
+    blob[where] ^= 0x01
+    assert decode_entry(K, bytes(blob)) is None
+
+
+def test_truncated_and_garbage_entries_are_rejected() -> None:
+    blob = encode_entry(K, b"response", "7", model="mlp")
+    for bad in (b"", b"SLC1", blob[:40], blob[:-1], b"x" * 100):
+        assert decode_entry(K, bad) is None
+
+
+def test_a_secret_makes_the_digest_an_hmac() -> None:
+    blob = encode_entry(K, b"response", "7", model="mlp", secret=b"s3cret")
+    assert decode_entry(K, blob, secret=b"s3cret") is not None
+    assert decode_entry(K, blob) is None
+    assert decode_entry(K, encode_entry(K, b"response", "7", model="mlp"), secret=b"s3cret") is None
+
+
+# ---------------------------------------------------------------- when the cache is used
+
+
+def test_cache_use() -> None:
+    assert cache_use(deterministic=True, enabled=True) is CacheUse.LOOKUP
+    assert cache_use(deterministic=True, enabled=True, requested=True) is CacheUse.LOOKUP
+    assert cache_use(deterministic=True, enabled=True, requested=False) is CacheUse.BYPASS
+    assert cache_use(deterministic=False, enabled=True) is CacheUse.OFF
+    assert cache_use(deterministic=True, enabled=False, requested=True) is CacheUse.OFF
+    with pytest.raises(SluiceError) as caught:
+        cache_use(deterministic=True, enabled=True, requested="false")
+    assert caught.value.reason == "bad_parameter"
+
+
+# ---------------------------------------------------------------- the store, memory tier only
+
+
+async def test_store_without_redis_hits_misses_and_purges() -> None:
+    clock = FakeClock()
+    store = ResultCacheStore(capacity_bytes=10 * ENTRY, ttl_s=10, clock=clock)
+    assert await store.get(K) is None
+    await store.put(K, b"resp", model="mlp", model_version="1")
+    assert await store.get(K) == CachedResponse(b"resp", "mlp", "1")
+    store.record_bypass()
+    clock.advance(10)
+    assert await store.get(K) is None
+    await store.put(K, b"resp", model="mlp", model_version="1")
+    assert (await store.purge_model("mlp", "2")).memory == 0
+    assert (await store.purge_model("mlp")).memory == 1
+    stats = store.stats
+    assert (stats.hits, stats.misses, stats.bypasses, stats.puts) == (1, 2, 1, 2)
+    assert (stats.expired, stats.purged, stats.entries, stats.bytes_used) == (1, 1, 0, 0)
