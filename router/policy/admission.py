@@ -25,6 +25,11 @@ from router.policy.lanes import LaneLimits, QueuedRequest
 from router.policy.ratelimit import Quota, RateLimiter
 
 
+MIN_RESERVE_S = 0.002
+RESERVE_FRACTION = 0.05
+"""Share of a request's budget kept for the response path (transport, the client's own scheduling)."""
+
+
 def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:
     return {name: Quota(t.rate, t.burst, t.max_inflight) for name, t in tenants.items()}
 
@@ -80,6 +85,7 @@ class AdmissionController:
     def admit(self, request: QueuedRequest, limits: LaneLimits, now: float) -> Rejections:
         """Queue the request or raise; returns requests evicted to make room (each with its error)."""
         if not self.settings.enabled:
+            request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
             return self.dispatcher.submit(request, limits)
         execution = self.execution_seconds(request)
         self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
@@ -95,10 +101,12 @@ class AdmissionController:
         self, request: QueuedRequest, limits: LaneLimits, execution: float, now: float
     ) -> float:
         """When the request must leave the queue: a worker may hold one batch ahead of it (two in flight),
-        so budget for that batch too — unless only an immediate start can make the deadline."""
+        so budget for that batch too, and keep a small reserve for the answer's way back — unless only an
+        immediate start can make the deadline."""
         key = request.lane
         ahead = self.dispatcher.estimates.batch_seconds(key.model, key.version, limits.max_batch_size)
-        conservative = request.deadline - execution - ahead * self.settings.estimate_margin
+        reserve = max(MIN_RESERVE_S, RESERVE_FRACTION * (request.deadline - request.arrival))
+        conservative = request.deadline - execution - ahead * self.settings.estimate_margin - reserve
         return conservative if conservative > now else request.deadline - execution
 
     def _check_deadline(self, request: QueuedRequest, execution: float, now: float) -> None:
