@@ -157,6 +157,56 @@ class AdmissionSettings(_Section):
     """Refuse requests without a key even when an `anonymous` tenant is configured."""
 
 
+class RedisSettings(_Section):
+    """The Redis (or Valkey) shared by routers for the result cache and idempotency records."""
+
+    url: str | None = None
+    """e.g. redis://redis:6379/0; unset: per-router in-process stores only (local mode)."""
+    prefix: str = "sluice:"
+    """Prepended to every key and channel."""
+    timeout_s: float = Field(default=0.2, gt=0, le=10)
+    """Per call: what a hung Redis may cost a request."""
+
+
+class CacheSettings(_Section):
+    """The result cache (only for models declaring `deterministic: true` and `cache: enabled`)."""
+
+    enabled: bool = True
+    """Master switch for this router."""
+    memory_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    """Tier 1: this router's in-memory LRU, bounded in bytes."""
+    ttl_s: float = Field(default=3600.0, gt=0)
+    """How long an entry lives (both tiers)."""
+    audit_fraction: float = Field(default=0.01, ge=0, le=1)
+    """Share of hits recomputed on a worker at the lowest priority and compared with the cached bytes."""
+    audit_tolerance: float = Field(default=0.0, ge=0)
+    """Absolute tolerance for floating-point outputs in audits (0: bytes must be identical)."""
+
+
+class IdempotencySettings(_Section):
+    """Idempotency-key records."""
+
+    ttl_s: float = Field(default=86_400.0, gt=0)
+    """How long a completed call is replayed."""
+    max_records: int = Field(default=100_000, ge=1)
+    """Bound on in-process records (Redis evicts by TTL)."""
+
+
+class AutoscaleSettings(_Section):
+    """The `desired_workers` signal (router/policy/autoscale.py has the math)."""
+
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    """Busy fraction each worker should run at; the rest absorbs bursts."""
+    slo_attainment: float = Field(default=0.99, gt=0, le=1)
+    """Below this share of requests answered OK within deadline, ask for one more worker."""
+    scale_down_window_s: float = Field(default=120.0, ge=0)
+    """A lower target must hold this long before it is exported (scale-up is immediate)."""
+    min_workers: int = Field(default=1, ge=0)
+    """Floor while a model has traffic."""
+    max_workers: int = Field(default=1000, ge=1)
+    """Ceiling."""
+
+
 class SluiceConfig(_Section):
     """The whole `sluice.yaml`."""
 
@@ -164,6 +214,10 @@ class SluiceConfig(_Section):
     router: RouterSettings = RouterSettings()
     worker: WorkerSettings = WorkerSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    redis: RedisSettings = RedisSettings()
+    cache: CacheSettings = CacheSettings()
+    idempotency: IdempotencySettings = IdempotencySettings()
+    autoscale: AutoscaleSettings = AutoscaleSettings()
     tenants: dict[str, TenantSettings] = {
         ANONYMOUS_TENANT: TenantSettings(rate=1e9, burst=1_000_000, max_inflight=1_000_000)
     }

@@ -37,6 +37,13 @@ class ModelRecord(BaseModel):
     max_wait_s: float = Field(ge=0, description="longest a queued request waits for a fuller batch")
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    deterministic: bool = Field(default=False, description="same inputs always give the same outputs")
+    cache: bool = Field(default=False, description="results may be cached (only if deterministic)")
+    cache_scope: Literal["tenant", "shared"] = Field(default="tenant", description="who may share entries")
+    buckets: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict, description="per input with a variable dim: the sizes it is padded up to"
+    )
+    max_batch_cost: int | None = Field(default=None, description="cap on a batch's padded elements")
     warmup_s: dict[int, float] = Field(
         default_factory=dict, description="forward time by batch size measured at warm-up (seeds estimates)"
     )

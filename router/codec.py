@@ -33,9 +33,18 @@ class DecodedRequest:
     timeout_s: float | None
 
 
-def _param_value(param: kserve.InferParameter) -> bool | int | float | str | None:
+ParamValue = bool | int | float | str
+
+
+def _param_value(param: kserve.InferParameter) -> ParamValue | None:
     kind = param.WhichOneof("parameter_choice")
     return None if kind is None else getattr(param, kind)
+
+
+def plain_parameters(request: kserve.ModelInferRequest) -> dict[str, ParamValue]:
+    """Request parameters as plain typed values (unset oneofs dropped)."""
+    values = {name: _param_value(param) for name, param in request.parameters.items()}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def int_parameter(request: kserve.ModelInferRequest, name: str) -> int | None:

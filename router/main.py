@@ -19,25 +19,32 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
 from common.metrics import MetricsEndpoint
-from common.pb.inference import grpc_service_pb2, grpc_service_pb2_grpc
+from common.pb.inference import grpc_service_pb2_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from router.auditor import CacheAuditor
+from router.cache_gate import CacheGate
 from router.driver import Driver
+from router.idempotency_gate import IdempotencyGate
+from router.live_stats import LiveStats
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.catalog import ModelCatalog
 from router.servicer import InferenceServicer, RouterAdminServicer
+from router.status import INFERENCE_SERVICE, StatusLoop
+from router.stores.cache_store import ResultCacheStore
+from router.stores.idempotency_store import IdempotencyStore, InProcessIdempotencyStore, RedisIdempotencyStore
+from router.stores.redis_conn import RedisOptions, open_redis
 from router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
 
-HEALTH_REFRESH_S = 0.2
-INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # grpc-core cancels RPCs beyond 1,000 waiting for the Python handler (3,000 hard); raise the bounds so a
 # burst reaches admission control, which refuses it explicitly and cheaply with a retry hint.
 SERVER_QUEUE_OPTIONS = [
@@ -62,6 +69,7 @@ class RouterServer:
         self.metrics = RouterMetrics()
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
+        self.live = LiveStats()
         self.driver = Driver(self.clock, self.links, self.metrics, config.admission, config.tenants)
         self.peers = PeerView(
             config.etcd,
@@ -72,13 +80,67 @@ class RouterServer:
             clock=self.clock,
         )
         self.membership = Membership(config.etcd, settings, self.driver, self.links, self.catalog)
+        self.redis = open_redis(_redis_options(config)) if config.redis.url else None
+        self.cache = CacheGate(_cache_store(config, self.redis, self.clock), config.cache, self.metrics)
+        self.idempotency = IdempotencyGate(
+            _idempotency_store(config, self.redis, self.clock), config.idempotency, self.clock, self.metrics
+        )
+        self.auditor = CacheAuditor(
+            self.driver, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
+        )
         self.health = HealthServicer()
+        self.status = StatusLoop(
+            driver=self.driver,
+            catalog=self.catalog,
+            peers=self.peers,
+            cache=self.cache,
+            live=self.live,
+            metrics=self.metrics,
+            health=self.health,
+            autoscale=config.autoscale,
+            clock=self.clock,
+        )
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._registration: LeasedKey | None = None
-        self._health_task: asyncio.Task[None] | None = None
         self._stopped = False
+
+    def _servicers(self, server: grpc.aio.Server) -> None:
+        inference = InferenceServicer(
+            self.driver,
+            self.catalog,
+            settings=self.config.router,
+            metrics=self.metrics,
+            clock=self.clock,
+            tenants=self.peers.current_directory,
+            cache=self.cache,
+            idempotency=self.idempotency,
+            live=self.live,
+        )
+        admin = RouterAdminServicer(
+            router_id=lambda: self.router_id,
+            membership=self.membership,
+            driver=self.driver,
+            catalog=self.catalog,
+            peers=self.peers,
+            cache=self.cache,
+            live=self.live,
+            desired_workers=self.status.desired_workers,
+            clock=self.clock,
+        )
+        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
+        admin_pb2_grpc.add_RouterAdminServicer_to_server(admin, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                INFERENCE_SERVICE,
+                admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
 
     async def start(self) -> None:
         """Bind, serve, register in etcd and start following workers."""
@@ -92,28 +154,7 @@ class RouterServer:
                 ("grpc.max_receive_message_length", size),
             ]
         )
-        servicer = InferenceServicer(
-            self.driver,
-            self.catalog,
-            settings=settings,
-            metrics=self.metrics,
-            clock=self.clock,
-            tenants=self.peers.current_directory,
-        )
-        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-        admin_pb2_grpc.add_RouterAdminServicer_to_server(
-            RouterAdminServicer(self.membership, self.driver), server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (
-                INFERENCE_SERVICE,
-                admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
-        )
+        self._servicers(server)
         self.port = server.add_insecure_port(settings.listen)
         if self.port == 0:
             raise OSError(f"cannot bind router to {settings.listen}")
@@ -123,7 +164,7 @@ class RouterServer:
         self.driver.start()
         self.membership.start()
         self.peers.start()
-        self._health_task = asyncio.create_task(self._track_health(), name="router-health")
+        self.status.start()
         host = settings.listen.rsplit(":", 1)[0]
         advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
         self.router_id = self.router_id or f"{socket.gethostname()}-{os.getpid()}-{self.port}"
@@ -137,43 +178,6 @@ class RouterServer:
         """The bound /metrics port."""
         return 0 if self._metrics_endpoint is None else self._metrics_endpoint.port
 
-    async def _track_health(self) -> None:
-        """Mirror readiness into grpc.health.v1: overall, the inference service, and `model/<name>`."""
-        serving = health_pb2.HealthCheckResponse.SERVING
-        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-        while True:
-            ready = any(w.accepting for w in self.driver.dispatcher.workers)
-            for service in ("", INFERENCE_SERVICE):
-                await self.health.set(service, serving if ready else not_serving)
-            for name in self.catalog.names():
-                model_ready = self.catalog.is_ready(name) and any(
-                    self.driver.dispatcher.serves(name, v) for v in self.catalog.versions(name)
-                )
-                await self.health.set(f"model/{name}", serving if model_ready else not_serving)
-            self._export_queue_gauges()
-            await asyncio.sleep(HEALTH_REFRESH_S)
-
-    def _export_queue_gauges(self) -> None:
-        """Lane depth and oldest age per model version, queued bytes and token-bucket levels."""
-        now = self.clock.now()
-        dispatcher = self.driver.dispatcher
-        depth: dict[tuple[str, str], int] = {}
-        oldest: dict[tuple[str, str], float] = {}
-        for lane in dispatcher.lanes.values():
-            key = (lane.key.model, lane.key.version)
-            depth[key] = depth.get(key, 0) + len(lane)
-            arrival = lane.oldest_arrival()
-            if arrival is not None:
-                oldest[key] = max(oldest.get(key, 0.0), now - arrival)
-        for name in self.catalog.names():
-            for version in self.catalog.versions(name):
-                key = (name, version)
-                self.metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
-                self.metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
-        self.metrics.queued_bytes.set(dispatcher.queued_bytes)
-        for tenant, level in self.driver.admission.limiter.levels(now).items():
-            self.metrics.token_level.labels(tenant).set(level)
-
     async def stop(self, grace: float = 2.0) -> None:
         """Deregister, stop accepting, settle every request, close streams (idempotent)."""
         if self._stopped:
@@ -182,16 +186,47 @@ class RouterServer:
         await self.health.enter_graceful_shutdown()
         if self._registration is not None:
             await self._registration.revoke()
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
+        await self.status.stop()
         if self._server is not None:
             await self._server.stop(grace)
+        await self.auditor.stop()
         await self.driver.stop()
         await self.membership.stop()
         await self.peers.stop()
+        await self.idempotency.store.close()
+        if self.redis is not None:
+            await self.redis.aclose()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
+
+
+def _redis_options(config: SluiceConfig) -> RedisOptions:
+    redis = config.redis
+    assert redis.url is not None
+    return RedisOptions(
+        url=redis.url,
+        prefix=redis.prefix,
+        socket_timeout_s=redis.timeout_s,
+        connect_timeout_s=redis.timeout_s,
+        pool_timeout_s=redis.timeout_s,
+    )
+
+
+def _cache_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> ResultCacheStore:
+    cache = config.cache
+    return ResultCacheStore(
+        capacity_bytes=cache.memory_bytes,
+        ttl_s=cache.ttl_s,
+        redis=redis,
+        prefix=config.redis.prefix,
+        clock=clock,
+    )
+
+
+def _idempotency_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> IdempotencyStore:
+    if redis is None:
+        return InProcessIdempotencyStore(max_records=config.idempotency.max_records, clock=clock)
+    return RedisIdempotencyStore(redis, prefix=config.redis.prefix, clock=clock)
 
 
 async def serve_router(config: SluiceConfig) -> None:

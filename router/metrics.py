@@ -72,6 +72,31 @@ class RouterMetrics:
         self.routers = Gauge(
             "sluice_router_peers", "Live routers sharing the cluster-wide quotas", registry=r,
         )  # fmt: skip
+        self.cache = Counter(
+            "sluice_cache_requests", "Result-cache outcomes by model (hit, miss, bypass)",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.cache_audits = Counter(
+            "sluice_cache_audits", "Audits of cache hits by outcome (match, mismatch, skipped_<reason>)",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.cache_bytes = Gauge(
+            "sluice_cache_memory_bytes", "Bytes held by this router's in-memory cache tier", registry=r,
+        )  # fmt: skip
+        self.cache_evictions = Gauge(
+            "sluice_cache_evictions", "Entries evicted from the in-memory tier since start", registry=r,
+        )  # fmt: skip
+        self.idempotency = Counter(
+            "sluice_idempotency_requests", "Idempotency-key outcomes (claimed, replayed, conflict, ...)",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.redis_up = Gauge(
+            "sluice_redis_up", "1 while the shared Redis answers (1 when none is configured)", registry=r,
+        )  # fmt: skip
+        self.desired_workers = Gauge(
+            "sluice_autoscaler_desired_workers", "Workers this model needs cluster-wide (router's estimate; "
+            "the HPA takes the max over routers)", ["model"], registry=r,
+        )  # fmt: skip
         self.workers = Gauge(
             "sluice_router_workers", "Workers known from etcd, by whether they accept batches",
             ["accepting"], registry=r,

@@ -19,10 +19,20 @@ from common.grpc_errors import abort
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
-from router.codec import decode_infer_request, encode_infer_response, int_parameter, model_metadata
+from router.cache_gate import CacheGate
+from router.codec import (
+    decode_infer_request,
+    encode_infer_response,
+    int_parameter,
+    model_metadata,
+    plain_parameters,
+)
 from router.driver import Driver
+from router.idempotency_gate import IDEMPOTENCY_HEADER, Claimed, IdempotencyGate
+from router.live_stats import LiveStats
 from router.membership import Membership
 from router.metrics import RouterMetrics
+from router.peers import PeerView
 from router.policy.catalog import ModelCatalog
 from router.policy.tenants import TenantDirectory
 
@@ -49,8 +59,14 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         metrics: RouterMetrics,
         clock: Clock,
         tenants: Callable[[], TenantDirectory],
+        cache: CacheGate,
+        idempotency: IdempotencyGate,
+        live: LiveStats,
     ) -> None:
         self._driver = driver
+        self._live = live
+        self._cache = cache
+        self._idempotency = idempotency
         self._tenants = tenants
         self._catalog = catalog
         self._settings = settings
@@ -145,8 +161,10 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         time_remaining: float | None,
         metadata: Iterable[tuple[str, Any]] | None,
     ) -> kserve.ModelInferResponse:
+        """authn → authz → validation → idempotency → cache → admission and the queue (DESIGN.md §1)."""
         start = self._clock.now()
         label, tenant_name, priority = "unknown", "", None
+        claimed: Claimed | None = None
         try:
             tenant = self._tenants().authenticate(api_key(metadata))
             tenant_name = tenant.name
@@ -157,39 +175,92 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             decoded = decode_infer_request(request, record)
             budgets = [t for t in (time_remaining, decoded.timeout_s) if t is not None]
             deadline = start + min(budgets or [self._settings.default_timeout_s])
-            reply = await self._driver.infer(decoded, deadline, tenant, priority)
+            parameters = plain_parameters(request)
+            key = metadata_value(metadata, IDEMPOTENCY_HEADER)
+            begun = await self._idempotency.begin(
+                key,
+                tenant.name,
+                request,
+                decoded=decoded,
+                parameters=parameters,
+                remaining_s=deadline - start,
+            )
+            if isinstance(begun, kserve.ModelInferResponse):
+                self._metrics.requests.labels(label, Code.OK.name).inc()
+                return begun
+            claimed = begun
+
+            async def execute() -> kserve.ModelInferResponse:
+                reply = await self._driver.infer(decoded, deadline, tenant, priority)
+                return encode_infer_response(decoded, reply.outputs, reply.served)
+
+            lookup = self._cache.lookup(tenant.name, record, decoded, parameters)
+            response = await self._cache.serve(lookup, record, decoded, execute)
+            if claimed is not None:
+                await self._idempotency.succeeded(claimed, response)
         except SluiceError as err:
+            if claimed is not None:
+                await self._idempotency.failed(claimed, err)
+            self._live.record(label, self._clock.now(), self._clock.now() - start, good=False)
             self._metrics.requests.labels(label, err.code.name).inc()
             self._metrics.rejected(err, tenant_name, priority)
             raise
         except asyncio.CancelledError:
+            if claimed is not None:
+                await self._idempotency.failed(claimed, None)
             self._metrics.requests.labels(label, Code.CANCELLED.name).inc()
             raise
         self._metrics.requests.labels(label, Code.OK.name).inc()
-        self._metrics.request_latency.labels(label).observe(self._clock.now() - start)
-        return encode_infer_response(decoded, reply.outputs, reply.served)
+        latency = self._clock.now() - start
+        self._metrics.request_latency.labels(label).observe(latency)
+        self._live.record(label, start + latency, latency, good=True)
+        return response
+
+
+def metadata_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
+    """The first value of a metadata key, as text; None when absent."""
+    for key, value in metadata or ():
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
 
 
 def api_key(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     """The key in `authorization: Bearer <key>`, or None when absent."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else value
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthenticated(
-                    "authorization metadata must be 'Bearer <api key>'", reason="bad_auth_header"
-                )
-            return token.strip()
-    return None
+    text = metadata_value(metadata, "authorization")
+    if text is None:
+        return None
+    scheme, _, token = text.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("authorization metadata must be 'Bearer <api key>'", reason="bad_auth_header")
+    return token.strip()
 
 
 class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
-    """`sluice.v1.RouterAdmin`: the router's live view of its workers."""
+    """`sluice.v1.RouterAdmin`: the router's live view for operators and the CLI."""
 
-    def __init__(self, membership: Membership, driver: Driver) -> None:
+    def __init__(
+        self,
+        *,
+        router_id: Callable[[], str],
+        membership: Membership,
+        driver: Driver,
+        catalog: ModelCatalog,
+        peers: PeerView,
+        cache: CacheGate,
+        live: LiveStats,
+        desired_workers: Callable[[str], int],
+        clock: Clock,
+    ) -> None:
+        self._router_id = router_id
         self._membership = membership
         self._driver = driver
+        self._catalog = catalog
+        self._peers = peers
+        self._cache = cache
+        self._live = live
+        self._desired = desired_workers
+        self._clock = clock
 
     async def ListWorkers(
         self, request: admin_pb2.ListWorkersRequest, context: Context
@@ -216,3 +287,85 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
             if load is not None:
                 view.load.CopyFrom(load)
         return response
+
+    async def GetStats(self, request: admin_pb2.GetStatsRequest, context: Context) -> admin_pb2.RouterStats:
+        """Lanes, per-model rates and latencies, the autoscaling signal and cache counters."""
+        now = self._clock.now()
+        dispatcher = self._driver.dispatcher
+        stats = admin_pb2.RouterStats(router_id=self._router_id(), routers=self._peers.routers)
+        for lane in sorted(dispatcher.lanes.values(), key=lambda ln: ln.key):
+            oldest = lane.oldest_arrival()
+            lane_stats = dispatcher.stats.get(lane.key)
+            stats.lanes.add(
+                model=lane.key.model,
+                version=lane.key.version,
+                shape=",".join(f"{name}{list(dims)}" for name, dims in lane.key.shape),
+                depth=len(lane),
+                oldest_age_s=0.0 if oldest is None else now - oldest,
+                arrival_rate=0.0 if lane_stats is None else lane_stats.rate(now),
+            )
+        for model in sorted(set(self._catalog.names()) | set(self._live.models())):
+            window = self._live.window(model, now)
+            ready = sum(
+                1 for w in dispatcher.workers if w.accepting and any(name == model for name, _ in w.models)
+            )
+            stats.models.add(
+                model=model,
+                request_rate=window.request_rate,
+                error_ratio=window.error_ratio,
+                p50_ms=window.p50_s * 1000,
+                p99_ms=window.p99_s * 1000,
+                desired_workers=self._desired(model),
+                ready_workers=ready,
+            )
+        cache = self._cache.store.stats
+        stats.cache.CopyFrom(
+            admin_pb2.CacheStats(
+                hits=cache.hits,
+                misses=cache.misses,
+                bypasses=cache.bypasses,
+                evictions=cache.evictions,
+                memory_bytes=cache.bytes_used,
+                entries=cache.entries,
+                redis_down=cache.redis_down,
+                disabled_digests=sorted(self._cache.disabled_digests),
+            )
+        )
+        return stats
+
+    async def ListTenants(
+        self, request: admin_pb2.ListTenantsRequest, context: Context
+    ) -> admin_pb2.ListTenantsResponse:
+        """Quotas and this router's usage."""
+        limiter = self._driver.admission.limiter
+        levels = limiter.levels(self._clock.now())
+        response = admin_pb2.ListTenantsResponse(routers=limiter.routers)
+        directory = self._peers.current_directory()
+        for name in directory.names():
+            tenant = directory.get(name)
+            assert tenant is not None
+            s = tenant.settings
+            response.tenants.add(
+                name=name,
+                rate=s.rate,
+                burst=s.burst,
+                max_inflight=s.max_inflight,
+                weight=s.weight,
+                default_priority=s.default_priority,
+                max_priority=s.max_priority,
+                inflight_share=limiter.inflight_cap(name) or 0,
+                inflight=limiter.inflight.get(name, 0),
+                tokens=levels.get(name, 0.0),
+                models=s.models,
+            )
+        return response
+
+    async def PurgeCache(
+        self, request: admin_pb2.PurgeCacheRequest, context: Context
+    ) -> admin_pb2.PurgeCacheResponse:
+        """Drop a model's cached results here and in the shared Redis."""
+        try:
+            result = await self._cache.store.purge_model(request.model, request.version or None)
+        except SluiceError as err:
+            await abort(context, err)
+        return admin_pb2.PurgeCacheResponse(memory_entries=result.memory, redis_entries=result.redis)

@@ -24,6 +24,10 @@ from router.policy.dispatcher import Dispatcher, QueueBounds, Rejections
 from router.policy.lanes import LaneLimits, QueuedRequest
 from router.policy.ratelimit import Quota, RateLimiter
 
+AUDIT_TENANT = "__audit__"
+"""Internal tenant of cache audits: unlimited quota, lowest priority (router/auditor.py)."""
+AUDIT_PRIORITY = 1_000_000
+"""Lower than any real priority, so audits wait behind everything and are shed first."""
 
 MIN_RESERVE_S = 0.002
 RESERVE_FRACTION = 0.05
@@ -31,7 +35,9 @@ RESERVE_FRACTION = 0.05
 
 
 def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:
-    return {name: Quota(t.rate, t.burst, t.max_inflight) for name, t in tenants.items()}
+    quotas = {name: Quota(t.rate, t.burst, t.max_inflight) for name, t in tenants.items()}
+    quotas[AUDIT_TENANT] = Quota(rate=1e9, burst=10**9)
+    return quotas
 
 
 def queue_bounds(settings: AdmissionSettings) -> QueueBounds | None:

@@ -111,21 +111,34 @@ class TimerBatcher:
         return WakeAt(cut_by)
 
 
+def latency_line(batch_seconds: BatchSeconds, max_batch: int) -> tuple[float, float]:
+    """(a, b) of t(n) = a + b·n, read off the estimate at 1 and at the full batch."""
+    t1 = batch_seconds(1)
+    b = (batch_seconds(max_batch) - t1) / (max_batch - 1) if max_batch > 1 else 0.0
+    return max(0.0, t1 - b), b
+
+
+def keep_up_size(rows_per_s: float, workers: int, batch_seconds: BatchSeconds, max_batch: int) -> int:
+    """The batch that fills while the previous one runs on each of `workers`: n* = μa / (1 - μb)."""
+    a, b = latency_line(batch_seconds, max_batch)
+    per_worker = rows_per_s / max(1, workers)
+    if per_worker * b >= 1.0:
+        return max_batch
+    return max(1, min(max_batch, math.ceil(per_worker * a / (1.0 - per_worker * b))))
+
+
 class AdaptiveBatcher:
     """Target batch size from the latency model and the arrival rate (see the module docstring)."""
 
     def target(self, lane: Lane, ctx: BatchContext) -> int:
         """The batch size to aim for now."""
         limit = lane.limits.max_batch_size
-        t1 = ctx.batch_seconds(1)
-        b = (ctx.batch_seconds(limit) - t1) / (limit - 1) if limit > 1 else 0.0
-        a = max(0.0, t1 - b)
         rate = ctx.stats.rate(ctx.now)
-        per_worker = rate / max(1, ctx.workers)
-        if per_worker * b >= 1.0:
+        keep_up = keep_up_size(rate, ctx.workers, ctx.batch_seconds, limit)
+        if keep_up >= limit:
             return limit
-        keep_up = max(1, min(limit, math.ceil(per_worker * a / (1.0 - per_worker * b))))
-        busy = per_worker * (a / keep_up + b)
+        a, b = latency_line(ctx.batch_seconds, limit)
+        busy = rate / max(1, ctx.workers) * (a / keep_up + b)
         bound = _budget_bound(lane, ctx)
         if ctx.stats.healthy and busy < UNDERUSED_BELOW and bound is not None and rate > 0:
             allowance = min(lane.limits.max_wait_s, HEADROOM_FRACTION * max(0.0, bound - ctx.now))

@@ -221,3 +221,306 @@ class ListWorkersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
+class GetStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
+
+@_typing.final
+class LaneStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SHAPE_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    OLDEST_AGE_S_FIELD_NUMBER: _builtins.int
+    ARRIVAL_RATE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    version: _builtins.str
+    shape: _builtins.str
+    """Shape signature of the lane, e.g. "tokens[16]"."""
+    depth: _builtins.int
+    oldest_age_s: _builtins.float
+    arrival_rate: _builtins.float
+    """Rows per second arriving recently."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        version: _builtins.str = ...,
+        shape: _builtins.str = ...,
+        depth: _builtins.int = ...,
+        oldest_age_s: _builtins.float = ...,
+        arrival_rate: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_rate", b"arrival_rate", "depth", b"depth", "model", b"model", "oldest_age_s", b"oldest_age_s", "shape", b"shape", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LaneStats: _TypeAlias = LaneStats  # noqa: Y015
+
+@_typing.final
+class ModelStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    REQUEST_RATE_FIELD_NUMBER: _builtins.int
+    ERROR_RATIO_FIELD_NUMBER: _builtins.int
+    P50_MS_FIELD_NUMBER: _builtins.int
+    P99_MS_FIELD_NUMBER: _builtins.int
+    DESIRED_WORKERS_FIELD_NUMBER: _builtins.int
+    READY_WORKERS_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    request_rate: _builtins.float
+    """Requests per second answered (any status) and the share that failed, over the last minute."""
+    error_ratio: _builtins.float
+    p50_ms: _builtins.float
+    p99_ms: _builtins.float
+    desired_workers: _builtins.int
+    """The autoscaling signal and what serves now."""
+    ready_workers: _builtins.int
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        request_rate: _builtins.float = ...,
+        error_ratio: _builtins.float = ...,
+        p50_ms: _builtins.float = ...,
+        p99_ms: _builtins.float = ...,
+        desired_workers: _builtins.int = ...,
+        ready_workers: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["desired_workers", b"desired_workers", "error_ratio", b"error_ratio", "model", b"model", "p50_ms", b"p50_ms", "p99_ms", b"p99_ms", "ready_workers", b"ready_workers", "request_rate", b"request_rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelStats: _TypeAlias = ModelStats  # noqa: Y015
+
+@_typing.final
+class CacheStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HITS_FIELD_NUMBER: _builtins.int
+    MISSES_FIELD_NUMBER: _builtins.int
+    BYPASSES_FIELD_NUMBER: _builtins.int
+    EVICTIONS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    REDIS_DOWN_FIELD_NUMBER: _builtins.int
+    DISABLED_DIGESTS_FIELD_NUMBER: _builtins.int
+    hits: _builtins.int
+    misses: _builtins.int
+    bypasses: _builtins.int
+    evictions: _builtins.int
+    memory_bytes: _builtins.int
+    entries: _builtins.int
+    redis_down: _builtins.bool
+    @_builtins.property
+    def disabled_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Model digests whose cache an audit disabled on this router."""
+
+    def __init__(
+        self,
+        *,
+        hits: _builtins.int = ...,
+        misses: _builtins.int = ...,
+        bypasses: _builtins.int = ...,
+        evictions: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
+        entries: _builtins.int = ...,
+        redis_down: _builtins.bool = ...,
+        disabled_digests: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bypasses", b"bypasses", "disabled_digests", b"disabled_digests", "entries", b"entries", "evictions", b"evictions", "hits", b"hits", "memory_bytes", b"memory_bytes", "misses", b"misses", "redis_down", b"redis_down"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheStats: _TypeAlias = CacheStats  # noqa: Y015
+
+@_typing.final
+class RouterStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTER_ID_FIELD_NUMBER: _builtins.int
+    LANES_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    CACHE_FIELD_NUMBER: _builtins.int
+    ROUTERS_FIELD_NUMBER: _builtins.int
+    router_id: _builtins.str
+    routers: _builtins.int
+    """Live routers sharing the quotas."""
+    @_builtins.property
+    def lanes(self) -> _containers.RepeatedCompositeFieldContainer[Global___LaneStats]: ...
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelStats]: ...
+    @_builtins.property
+    def cache(self) -> Global___CacheStats: ...
+    def __init__(
+        self,
+        *,
+        router_id: _builtins.str = ...,
+        lanes: _abc.Iterable[Global___LaneStats] | None = ...,
+        models: _abc.Iterable[Global___ModelStats] | None = ...,
+        cache: Global___CacheStats | None = ...,
+        routers: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "lanes", b"lanes", "models", b"models", "router_id", b"router_id", "routers", b"routers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouterStats: _TypeAlias = RouterStats  # noqa: Y015
+
+@_typing.final
+class ListTenantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsRequest: _TypeAlias = ListTenantsRequest  # noqa: Y015
+
+@_typing.final
+class TenantUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    MAX_INFLIGHT_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    DEFAULT_PRIORITY_FIELD_NUMBER: _builtins.int
+    MAX_PRIORITY_FIELD_NUMBER: _builtins.int
+    INFLIGHT_SHARE_FIELD_NUMBER: _builtins.int
+    INFLIGHT_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    rate: _builtins.float
+    """Cluster-wide quota as configured (or overridden in etcd)."""
+    burst: _builtins.int
+    max_inflight: _builtins.int
+    weight: _builtins.float
+    default_priority: _builtins.int
+    max_priority: _builtins.int
+    inflight_share: _builtins.int
+    """This router: its share of the in-flight cap, requests in flight, tokens left in its bucket share."""
+    inflight: _builtins.int
+    tokens: _builtins.float
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        rate: _builtins.float = ...,
+        burst: _builtins.int = ...,
+        max_inflight: _builtins.int = ...,
+        weight: _builtins.float = ...,
+        default_priority: _builtins.int = ...,
+        max_priority: _builtins.int = ...,
+        inflight_share: _builtins.int = ...,
+        inflight: _builtins.int = ...,
+        tokens: _builtins.float = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["burst", b"burst", "default_priority", b"default_priority", "inflight", b"inflight", "inflight_share", b"inflight_share", "max_inflight", b"max_inflight", "max_priority", b"max_priority", "models", b"models", "name", b"name", "rate", b"rate", "tokens", b"tokens", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantUsage: _TypeAlias = TenantUsage  # noqa: Y015
+
+@_typing.final
+class ListTenantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ROUTERS_FIELD_NUMBER: _builtins.int
+    routers: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantUsage]: ...
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___TenantUsage] | None = ...,
+        routers: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["routers", b"routers", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsResponse: _TypeAlias = ListTenantsResponse  # noqa: Y015
+
+@_typing.final
+class PurgeCacheRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    version: _builtins.str
+    """Empty: every version."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeCacheRequest: _TypeAlias = PurgeCacheRequest  # noqa: Y015
+
+@_typing.final
+class PurgeCacheResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_ENTRIES_FIELD_NUMBER: _builtins.int
+    REDIS_ENTRIES_FIELD_NUMBER: _builtins.int
+    memory_entries: _builtins.int
+    redis_entries: _builtins.int
+    def __init__(
+        self,
+        *,
+        memory_entries: _builtins.int = ...,
+        redis_entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_entries", b"memory_entries", "redis_entries", b"redis_entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeCacheResponse: _TypeAlias = PurgeCacheResponse  # noqa: Y015

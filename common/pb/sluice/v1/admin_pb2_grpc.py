@@ -159,6 +159,21 @@ class RouterAdminStub:
                 request_serializer=sluice_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/sluice.v1.RouterAdmin/GetStats',
+                request_serializer=sluice_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_admin__pb2.RouterStats.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/sluice.v1.RouterAdmin/ListTenants',
+                request_serializer=sluice_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.PurgeCache = channel.unary_unary(
+                '/sluice.v1.RouterAdmin/PurgeCache',
+                request_serializer=sluice_dot_v1_dot_admin__pb2.PurgeCacheRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_admin__pb2.PurgeCacheResponse.FromString,
+                _registered_method=True)
 
 
 class RouterAdminServicer:
@@ -172,6 +187,27 @@ class RouterAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Lanes, per-model rates and latencies, the autoscaling signal and cache counters (`sluice top`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Tenants with their quotas and this router's usage (`sluice tenants`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeCache(self, request, context):
+        """Drop cached results of a model (one version, or all) from this router and the shared Redis.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +215,21 @@ def add_RouterAdminServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=sluice_dot_v1_dot_admin__pb2.ListWorkersRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_admin__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=sluice_dot_v1_dot_admin__pb2.GetStatsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_admin__pb2.RouterStats.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=sluice_dot_v1_dot_admin__pb2.ListTenantsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_admin__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'PurgeCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeCache,
+                    request_deserializer=sluice_dot_v1_dot_admin__pb2.PurgeCacheRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_admin__pb2.PurgeCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -209,6 +260,87 @@ class RouterAdmin:
             '/sluice.v1.RouterAdmin/ListWorkers',
             sluice_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
             sluice_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.RouterAdmin/GetStats',
+            sluice_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
+            sluice_dot_v1_dot_admin__pb2.RouterStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.RouterAdmin/ListTenants',
+            sluice_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+            sluice_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.RouterAdmin/PurgeCache',
+            sluice_dot_v1_dot_admin__pb2.PurgeCacheRequest.SerializeToString,
+            sluice_dot_v1_dot_admin__pb2.PurgeCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,12 @@ class RouterAdminStub:
     def __new__(cls, channel: _aio.Channel) -> RouterAdminAsyncStub: ...
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListWorkersRequest, _admin_pb2.ListWorkersResponse]
     """The router's live view of the workers: what etcd says plus what the streams report."""
+    GetStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.RouterStats]
+    """Lanes, per-model rates and latencies, the autoscaling signal and cache counters (`sluice top`)."""
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]
+    """Tenants with their quotas and this router's usage (`sluice tenants`)."""
+    PurgeCache: _grpc.UnaryUnaryMultiCallable[_admin_pb2.PurgeCacheRequest, _admin_pb2.PurgeCacheResponse]
+    """Drop cached results of a model (one version, or all) from this router and the shared Redis."""
 
 @_typing.type_check_only
 class RouterAdminAsyncStub(RouterAdminStub):
@@ -83,6 +89,12 @@ class RouterAdminAsyncStub(RouterAdminStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListWorkers: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListWorkersRequest, _admin_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """The router's live view of the workers: what etcd says plus what the streams report."""
+    GetStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.RouterStats]  # type: ignore[assignment]
+    """Lanes, per-model rates and latencies, the autoscaling signal and cache counters (`sluice top`)."""
+    ListTenants: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    """Tenants with their quotas and this router's usage (`sluice tenants`)."""
+    PurgeCache: _aio.UnaryUnaryMultiCallable[_admin_pb2.PurgeCacheRequest, _admin_pb2.PurgeCacheResponse]  # type: ignore[assignment]
+    """Drop cached results of a model (one version, or all) from this router and the shared Redis."""
 
 class RouterAdminServicer(metaclass=_abc_1.ABCMeta):
     """Served by every router."""
@@ -94,5 +106,29 @@ class RouterAdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListWorkersResponse, _abc.Awaitable[_admin_pb2.ListWorkersResponse]]:
         """The router's live view of the workers: what etcd says plus what the streams report."""
+
+    @_abc_1.abstractmethod
+    def GetStats(
+        self,
+        request: _admin_pb2.GetStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RouterStats, _abc.Awaitable[_admin_pb2.RouterStats]]:
+        """Lanes, per-model rates and latencies, the autoscaling signal and cache counters (`sluice top`)."""
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _admin_pb2.ListTenantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListTenantsResponse, _abc.Awaitable[_admin_pb2.ListTenantsResponse]]:
+        """Tenants with their quotas and this router's usage (`sluice tenants`)."""
+
+    @_abc_1.abstractmethod
+    def PurgeCache(
+        self,
+        request: _admin_pb2.PurgeCacheRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PurgeCacheResponse, _abc.Awaitable[_admin_pb2.PurgeCacheResponse]]:
+        """Drop cached results of a model (one version, or all) from this router and the shared Redis."""
 
 def add_RouterAdminServicer_to_server(servicer: RouterAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

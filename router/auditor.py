@@ -1,0 +1,130 @@
+"""Proof that cache hits are right: recompute a sample of them on a worker and compare.
+
+A configurable share of hits (`cache.audit_fraction`) is re-run through the normal path as the internal
+`__audit__` tenant at the lowest priority, so an audit waits behind all real traffic and is the first
+request shed under pressure — it never displaces real work; a shed or expired audit is simply skipped.
+Outputs are compared byte for byte (or within `cache.audit_tolerance` for floating point). A mismatch is
+counted, logged at ERROR with the model digest, and disables caching for that digest on this router (and
+purges its entries), because a cache that returned one wrong answer cannot be trusted for the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import numpy as np
+
+from common.clock import Clock
+from common.config import CacheSettings, TenantSettings
+from common.errors import SluiceError
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.records import ModelRecord
+from common.tensors import dtype_of
+from router.cache_gate import CacheGate
+from router.codec import DecodedRequest, encode_infer_response
+from router.driver import Driver
+from router.metrics import RouterMetrics
+from router.policy.admission import AUDIT_PRIORITY, AUDIT_TENANT
+from router.policy.tenants import Tenant
+
+log = logging.getLogger(__name__)
+
+AUDIT_TIMEOUT_S = 30.0
+_AUDITOR = Tenant(
+    AUDIT_TENANT,
+    TenantSettings(
+        rate=1e9,
+        burst=10**9,
+        max_inflight=10**9,
+        default_priority=AUDIT_PRIORITY,
+        max_priority=AUDIT_PRIORITY,
+    ),
+)
+
+
+def same_outputs(
+    cached: kserve.ModelInferResponse, fresh: kserve.ModelInferResponse, tolerance: float
+) -> bool:
+    """Whether two responses carry the same outputs (bytes, or floats within `tolerance`)."""
+    mine = {o.name: (o, raw) for o, raw in zip(cached.outputs, cached.raw_output_contents, strict=True)}
+    theirs = {o.name: (o, raw) for o, raw in zip(fresh.outputs, fresh.raw_output_contents, strict=True)}
+    if mine.keys() != theirs.keys():
+        return False
+    for name, (spec, raw) in mine.items():
+        other_spec, other_raw = theirs[name]
+        if spec.datatype != other_spec.datatype or list(spec.shape) != list(other_spec.shape):
+            return False
+        if raw == other_raw:
+            continue
+        dtype = dtype_of(spec.datatype)
+        if tolerance <= 0 or dtype.kind != "f":
+            return False
+        if not np.allclose(
+            np.frombuffer(raw, dtype), np.frombuffer(other_raw, dtype), rtol=0, atol=tolerance
+        ):
+            return False
+    return True
+
+
+class CacheAuditor:
+    """Samples hits from the gate and re-runs them in the background."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        gate: CacheGate,
+        *,
+        settings: CacheSettings,
+        metrics: RouterMetrics,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._driver = driver
+        self._gate = gate
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._tasks: set[asyncio.Task[None]] = set()
+        gate.on_hit = self.on_hit
+
+    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: kserve.ModelInferResponse) -> None:
+        """Maybe schedule an audit of this hit."""
+        if self._rng.random() >= self._settings.audit_fraction:
+            return
+        task = asyncio.create_task(self._audit(record, decoded, cached))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _audit(
+        self, record: ModelRecord, decoded: DecodedRequest, cached: kserve.ModelInferResponse
+    ) -> None:
+        deadline = self._clock.now() + AUDIT_TIMEOUT_S
+        try:
+            reply = await self._driver.infer(decoded, deadline, _AUDITOR, AUDIT_PRIORITY)
+        except SluiceError as err:
+            self._metrics.cache_audits.labels(record.name, f"skipped_{err.reason}").inc()
+            return
+        fresh = encode_infer_response(decoded, reply.outputs, reply.served)
+        if same_outputs(cached, fresh, self._settings.audit_tolerance):
+            self._metrics.cache_audits.labels(record.name, "match").inc()
+            return
+        self._metrics.cache_audits.labels(record.name, "mismatch").inc()
+        log.error(
+            "CACHE AUDIT MISMATCH: a cached result of %s version %s (digest %s) differs from a fresh run; "
+            "caching is now disabled for this digest on this router and its entries are purged",
+            record.name, record.version, record.digest,
+        )  # fmt: skip
+        self._gate.disable(record.digest)
+        try:
+            await self._gate.store.purge_model(record.name, record.version)
+        except SluiceError as err:
+            log.error("could not purge the cache after a failed audit: %s", err.message)
+
+    async def stop(self) -> None:
+        """Cancel audits in progress."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

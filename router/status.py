@@ -1,0 +1,138 @@
+"""The router's periodic status pass: grpc.health.v1 statuses, queue and cache gauges, and the
+autoscaling signal, refreshed every `REFRESH_S` from the policy core's state (reads only)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from common.clock import Clock
+from common.config import AutoscaleSettings
+from common.pb.inference import grpc_service_pb2
+from router.cache_gate import CacheGate
+from router.driver import Driver
+from router.live_stats import LiveStats
+from router.metrics import RouterMetrics
+from router.peers import PeerView
+from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
+from router.policy.batcher import keep_up_size
+from router.policy.catalog import ModelCatalog
+
+REFRESH_S = 0.2
+INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class StatusLoop:
+    """Keeps health, gauges and `desired_workers` current."""
+
+    def __init__(
+        self,
+        *,
+        driver: Driver,
+        catalog: ModelCatalog,
+        peers: PeerView,
+        cache: CacheGate,
+        live: LiveStats,
+        metrics: RouterMetrics,
+        health: HealthServicer,
+        autoscale: AutoscaleSettings,
+        clock: Clock,
+    ) -> None:
+        self._driver = driver
+        self._catalog = catalog
+        self._peers = peers
+        self._cache = cache
+        self._live = live
+        self._metrics = metrics
+        self._health = health
+        self._clock = clock
+        self.autoscaler = Autoscaler(ScalingPolicy(**autoscale.model_dump()))
+        self.desired: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Refresh in the background."""
+        self._task = asyncio.create_task(self._run(), name="router-status")
+
+    async def stop(self) -> None:
+        """Stop refreshing."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def desired_workers(self, model: str) -> int:
+        """The last exported target for `model`."""
+        return self.desired.get(model, 0)
+
+    async def _run(self) -> None:
+        while True:
+            await self._set_health()
+            now = self._clock.now()
+            self._export_queues(now)
+            self._export_cache()
+            self._export_desired(now)
+            await asyncio.sleep(REFRESH_S)
+
+    async def _set_health(self) -> None:
+        dispatcher = self._driver.dispatcher
+        ready = any(w.accepting for w in dispatcher.workers)
+        for service in ("", INFERENCE_SERVICE):
+            await self._health.set(service, SERVING if ready else NOT_SERVING)
+        for name in self._catalog.names():
+            model_ready = any(dispatcher.serves(name, v) for v in self._catalog.versions(name))
+            await self._health.set(f"model/{name}", SERVING if model_ready else NOT_SERVING)
+
+    def _export_queues(self, now: float) -> None:
+        dispatcher = self._driver.dispatcher
+        depth: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], float] = {}
+        for lane in dispatcher.lanes.values():
+            key = (lane.key.model, lane.key.version)
+            depth[key] = depth.get(key, 0) + len(lane)
+            arrival = lane.oldest_arrival()
+            if arrival is not None:
+                oldest[key] = max(oldest.get(key, 0.0), now - arrival)
+        for name in self._catalog.names():
+            for version in self._catalog.versions(name):
+                key = (name, version)
+                self._metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
+                self._metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
+        self._metrics.queued_bytes.set(dispatcher.queued_bytes)
+        self._metrics.in_flight_batches.set(len(dispatcher.in_flight))
+        accepting = sum(1 for w in dispatcher.workers if w.accepting)
+        self._metrics.workers.labels("true").set(accepting)
+        self._metrics.workers.labels("false").set(sum(1 for _ in dispatcher.workers) - accepting)
+        for tenant, level in self._driver.admission.limiter.levels(now).items():
+            self._metrics.token_level.labels(tenant).set(level)
+
+    def _export_cache(self) -> None:
+        stats = self._cache.store.stats
+        self._metrics.cache_bytes.set(stats.bytes_used)
+        self._metrics.cache_evictions.set(stats.evictions)
+        self._metrics.redis_up.set(0 if stats.redis_down else 1)
+
+    def _export_desired(self, now: float) -> None:
+        dispatcher = self._driver.dispatcher
+        for name in self._catalog.names():
+            record = self._catalog.resolve(name)
+            rows_per_s = sum(
+                stats.rate(now) for key, stats in dispatcher.stats.items() if key.model == name
+            ) * max(1, self._peers.routers)
+            ready = sum(1 for w in dispatcher.workers if w.accepting and any(m == name for m, _ in w.models))
+
+            def seconds(rows: int, model: str = name, version: str = record.version) -> float:
+                return dispatcher.estimates.batch_seconds(model, version, rows)
+
+            target = keep_up_size(rows_per_s, ready, seconds, record.max_batch_size)
+            load = ModelLoad(
+                rows_per_s=rows_per_s,
+                seconds_per_row=seconds(target) / target,
+                ready_workers=ready,
+                slo_attainment=self._live.window(name, now).slo_attainment,
+            )
+            self.desired[name] = self.autoscaler.desired(name, load, now)
+            self._metrics.desired_workers.labels(name).set(self.desired[name])
