@@ -52,6 +52,11 @@ class ModelVersionSpec:
             max_wait_s=self.config.batching.max_wait_ms / 1000.0,
             inputs=tuple(_tensor_spec(t) for t in self.config.inputs),
             outputs=tuple(_tensor_spec(t) for t in self.config.outputs),
+            deterministic=self.config.deterministic,
+            cache=self.config.cache == "enabled",
+            cache_scope=self.config.cache_scope,
+            buckets={name: tuple(sizes) for name, sizes in self.config.batching.buckets.items()},
+            max_batch_cost=self.config.batching.max_batch_cost,
         )
 
 
