@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cli.admin_cmds import add_admin_parsers, run_admin
 from cli.bench_cmd import add_bench_parser, run_bench
 from common.config import ConfigError, SluiceConfig, load_config
 
@@ -107,6 +108,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
     add_bench_parser(sub)
+    add_admin_parsers(sub, _add_etcd_flags, _Parser)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -173,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "workers":
         return asyncio.run(commands.list_workers(config, as_json=args.json))
+    if args.command in ("top", "tenants", "cache"):
+        return run_admin(args, config)
     if args.command == "drain":
         return asyncio.run(commands.drain(config, args.worker_id, args.wait))
     raise AssertionError(args.command)

@@ -18,6 +18,7 @@ from common.config import EtcdSettings, RouterSettings, SluiceConfig
 from router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import WorkerProcess
+from tests.support.redis_server import RedisServer, redis_server_fixture
 
 TEST_LEASE_TTL_S = 2
 """Short leases keep expiry tests quick (the keepalive then runs every ~0.67 s)."""
@@ -44,17 +45,18 @@ def etcd_settings(etcd_server: EtcdServer) -> EtcdSettings:
     )
 
 
-Spawn = Callable[[str], WorkerProcess]
+Spawn = Callable[..., WorkerProcess]
 MakeRouter = Callable[..., Awaitable[RouterServer]]
 
 
 @pytest.fixture
 def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Iterator[Spawn]:
-    """Start `sluice worker` processes serving the synthetic model; all are killed at teardown."""
+    """Start `sluice worker` processes (the demo `synthetic` model unless told otherwise); all are killed at
+    teardown."""
     started: list[WorkerProcess] = []
 
-    def start(worker_id: str) -> WorkerProcess:
-        worker = WorkerProcess(worker_id, demo_repo, etcd_settings, tmp_path, models="synthetic")
+    def start(worker_id: str, models: str = "synthetic", repository: Path | None = None) -> WorkerProcess:
+        worker = WorkerProcess(worker_id, repository or demo_repo, etcd_settings, tmp_path, models=models)
         started.append(worker)
         return worker
 
@@ -79,3 +81,9 @@ async def make_router(etcd_settings: EtcdSettings) -> AsyncIterator[MakeRouter]:
     yield make
     for server in started:
         await server.stop(grace=0.5)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real Valkey (Redis-compatible) server on a free loopback port; stopped at teardown."""
+    yield from redis_server_fixture()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,7 +26,7 @@ from router.stores.cache_store import ResultCacheStore
 from router.stores.coalescer import Coalescer
 from router.stores.idempotency_store import RedisIdempotencyStore, acquire
 from router.stores.redis_conn import RedisOptions, open_redis
-from tests.support.redis_server import RedisServer, redis_server_fixture
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -35,12 +35,6 @@ RAW_MARKER = b"RAW-INPUT-MARKER-\x00\x01\x02-do-not-leak"
 RAW_KEY = "client-idempotency-key-DO-NOT-LEAK"
 OUTPUT = b"model-output-bytes"
 MB = 1 << 20
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    """A started Valkey on a free loopback port; stopped and removed after the test."""
-    yield from redis_server_fixture()
 
 
 class Routers:

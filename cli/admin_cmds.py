@@ -1,0 +1,193 @@
+"""Operator commands over the admin RPCs: `sluice top`, `sluice tenants`, `sluice cache purge|stats`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import grpc
+
+from common.config import SluiceConfig
+from common.etcd import ROUTERS, EtcdUnavailable, open_client
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+
+EXIT_OK, EXIT_BAD_ARGS, EXIT_CONNECTION, EXIT_RPC = 0, 1, 2, 3
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def add_admin_parsers(
+    sub: argparse._SubParsersAction[Any], add_etcd_flags: Any, parser_class: type[argparse.ArgumentParser]
+) -> None:
+    """top, tenants and cache (purge, stats)."""
+    top = sub.add_parser("top", help="live view of lanes, rates, latencies and workers (refreshed in place)")
+    top.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
+
+    tenants = sub.add_parser("tenants", help="tenants with their quotas and this router's usage")
+    tenants.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
+    tenants.add_argument("--json", action="store_true", help="print JSON")
+
+    cache = sub.add_parser("cache", help="result-cache administration")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True, parser_class=parser_class)
+    purge = cache_sub.add_parser("purge", help="drop cached results of MODEL[:VERSION] on every live router")
+    purge.add_argument("model", metavar="MODEL[:VERSION]")
+    add_etcd_flags(purge)
+    stats = cache_sub.add_parser("stats", help="cache counters of every live router")
+    add_etcd_flags(stats)
+
+
+async def _router_addrs(config: SluiceConfig) -> dict[str, str]:
+    client = await open_client(config.etcd)
+    try:
+        found = await client.get_prefix((config.etcd.prefix + ROUTERS).encode())
+    finally:
+        await client.close()
+    return {kv.key.decode().rsplit("/", 1)[-1]: json.loads(kv.value)["addr"] for kv in found}
+
+
+async def cache_purge(config: SluiceConfig, target: str) -> int:
+    """Purge MODEL[:VERSION] on every router registered in etcd (each purges its memory; Redis once)."""
+    model, _, version = target.partition(":")
+    try:
+        routers = await _router_addrs(config)
+    except EtcdUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    if not routers:
+        print("error: no router registered in etcd", file=sys.stderr)
+        return EXIT_CONNECTION
+    failed = 0
+    for router_id, addr in sorted(routers.items()):
+        async with grpc.aio.insecure_channel(addr) as channel:
+            try:
+                reply = await admin_pb2_grpc.RouterAdminStub(channel).PurgeCache(
+                    admin_pb2.PurgeCacheRequest(model=model, version=version), timeout=10
+                )
+            except grpc.aio.AioRpcError as exc:
+                failed += 1
+                print(f"{router_id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                continue
+        print(f"{router_id}: purged {reply.memory_entries} in memory, {reply.redis_entries} in Redis")
+    return EXIT_RPC if failed else EXIT_OK
+
+
+async def cache_stats(config: SluiceConfig) -> int:
+    """Print the cache counters of every live router."""
+    try:
+        routers = await _router_addrs(config)
+    except EtcdUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    print(
+        f"{'ROUTER':<28} {'HITS':>8} {'MISSES':>8} {'BYPASS':>7} {'EVICT':>7} {'ENTRIES':>8} {'MB':>7} REDIS"
+    )
+    for router_id, addr in sorted(routers.items()):
+        async with grpc.aio.insecure_channel(addr) as channel:
+            stats = await admin_pb2_grpc.RouterAdminStub(channel).GetStats(
+                admin_pb2.GetStatsRequest(), timeout=5
+            )
+        c = stats.cache
+        redis = "down" if c.redis_down else "ok"
+        disabled = f"  disabled digests: {', '.join(c.disabled_digests)}" if c.disabled_digests else ""
+        print(
+            f"{router_id:<28} {c.hits:>8} {c.misses:>8} {c.bypasses:>7} {c.evictions:>7} {c.entries:>8} "
+            f"{c.memory_bytes / 2**20:>7.1f} {redis}{disabled}"
+        )
+    return EXIT_OK
+
+
+def tenants(addr: str, *, as_json: bool) -> int:
+    """Print tenant quotas and usage."""
+    with grpc.insecure_channel(addr) as channel:
+        try:
+            reply = admin_pb2_grpc.RouterAdminStub(channel).ListTenants(
+                admin_pb2.ListTenantsRequest(), timeout=5
+            )
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
+    if as_json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(reply), indent=2))
+        return EXIT_OK
+    print(f"quotas are cluster-wide; this router enforces 1/{reply.routers} of each")
+    print(
+        f"{'TENANT':<16} {'RATE/s':>9} {'BURST':>7} {'INFLIGHT':>14} {'TOKENS':>8} {'WEIGHT':>6} "
+        f"{'PRIO':>7} MODELS"
+    )
+    for t in reply.tenants:
+        inflight = f"{t.inflight}/{t.inflight_share}"
+        prio = f"{t.default_priority}(≥{t.max_priority})"
+        print(
+            f"{t.name:<16} {t.rate:>9.0f} {t.burst:>7} {inflight:>14} {t.tokens:>8.1f} {t.weight:>6.1f} "
+            f"{prio:>7} {','.join(t.models)}"
+        )
+    return EXIT_OK
+
+
+def _frame(stats: admin_pb2.RouterStats, workers: admin_pb2.ListWorkersResponse) -> str:
+    lines = [
+        f"sluice top — router {stats.router_id} ({stats.routers} router(s))  {time.strftime('%H:%M:%S')}",
+        "",
+    ]
+    lines.append(
+        f"{'MODEL':<14} {'REQ/S':>8} {'ERR%':>6} {'P50 MS':>8} {'P99 MS':>8} {'WORKERS':>8} {'DESIRED':>8}"
+    )
+    for m in stats.models:
+        lines.append(
+            f"{m.model:<14} {m.request_rate:>8.1f} {100 * m.error_ratio:>6.1f} "
+            f"{m.p50_ms:>8.2f} {m.p99_ms:>8.2f} "
+            f"{m.ready_workers:>8} {m.desired_workers:>8}"
+        )
+    lines += ["", f"{'LANE':<36} {'DEPTH':>6} {'OLDEST MS':>10} {'ROWS/S':>8}"]
+    for lane in stats.lanes:
+        name = f"{lane.model}:{lane.version}[{lane.shape}]"
+        lines.append(
+            f"{name:<36} {lane.depth:>6} {lane.oldest_age_s * 1000:>10.1f} {lane.arrival_rate:>8.1f}"
+        )
+    lines += ["", f"{'WORKER':<24} {'STATE':<9} {'IN FLIGHT':>9} {'QUEUED':>7} {'BUSY%':>6}"]
+    for w in workers.workers:
+        state = worker_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_").lower()
+        lines.append(
+            f"{w.worker_id:<24} {state:<9} {w.in_flight_batches:>9} {w.load.queued_batches:>7} "
+            f"{100 * w.load.busy_fraction:>6.1f}"
+        )
+    c = stats.cache
+    lines += ["", f"cache: {c.hits} hits, {c.misses} misses, {c.bypasses} bypasses, {c.entries} entries"]
+    return "\n".join(lines)
+
+
+def top(addr: str, interval: float, *, once: bool) -> int:
+    """Refresh a live view until Ctrl-C (or one frame with --once)."""
+    with grpc.insecure_channel(addr) as channel:
+        stub = admin_pb2_grpc.RouterAdminStub(channel)
+        try:
+            while True:
+                stats = stub.GetStats(admin_pb2.GetStatsRequest(), timeout=5)
+                workers = stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5)
+                print(("" if once else CLEAR) + _frame(stats, workers), flush=True)
+                if once:
+                    return EXIT_OK
+                time.sleep(interval)
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
+        except KeyboardInterrupt:
+            return EXIT_OK
+
+
+def run_admin(args: argparse.Namespace, config: SluiceConfig) -> int:
+    """Dispatch top / tenants / cache."""
+    if args.command == "top":
+        return top(args.addr, args.interval, once=args.once)
+    if args.command == "tenants":
+        return tenants(args.addr, as_json=args.json)
+    if args.cache_command == "purge":
+        return asyncio.run(cache_purge(config, args.model))
+    return asyncio.run(cache_stats(config))
