@@ -14,6 +14,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import datetime
 import gc
 from collections.abc import Sequence
@@ -58,6 +59,14 @@ class ClassPlan:
     variants: list[kserve.ModelInferRequest]
     metadata: Metadata
     deadline_s: float
+    cumulative: list[float] | None = None
+    """Cumulative draw probabilities of the variants (Zipf); None: uniform."""
+
+    def pick(self, draw: float) -> kserve.ModelInferRequest:
+        """The variant a uniform draw in [0, 1) selects."""
+        if self.cumulative is None:
+            return self.variants[int(draw * len(self.variants))]
+        return self.variants[min(len(self.variants) - 1, bisect.bisect_right(self.cumulative, draw))]
 
 
 def random_tensor(dtype: np.dtype[Any], shape: list[int], rng: np.random.Generator) -> npt.NDArray[Any]:
@@ -87,7 +96,11 @@ def plan_class(cls: TrafficClass, meta: kserve.ModelMetadataResponse, rng: np.ra
                 request.parameters["cache"].bool_param = cls.cache
             variants.append(request)
     metadata = () if cls.tenant_key is None else (("authorization", f"Bearer {cls.tenant_key}"),)
-    return ClassPlan(variants, metadata, cls.deadline_ms / 1000.0)
+    cumulative = None
+    if cls.zipf is not None:
+        weights = np.tile(1.0 / np.arange(1, cls.payloads + 1) ** cls.zipf, len(cls.lengths))
+        cumulative = (np.cumsum(weights) / weights.sum()).tolist()
+    return ClassPlan(variants, metadata, cls.deadline_ms / 1000.0, cumulative)
 
 
 def rejection(exc: grpc.aio.AioRpcError) -> tuple[str, str, bool]:
@@ -180,12 +193,13 @@ class _Run:
     async def _send(self, i: int, due_s: float, cls: int, draw: float) -> None:
         start = self._loop.time()
         plan = self._plans[cls]
-        request = plan.variants[int(draw * len(plan.variants))]
-        code, reason, hint, detail = "OK", "", False, ""
+        request = plan.pick(draw)
+        code, reason, hint, detail, cache = "OK", "", False, "", ""
         try:
-            await self._stubs[i % len(self._stubs)].ModelInfer(
+            response = await self._stubs[i % len(self._stubs)].ModelInfer(
                 request, metadata=plan.metadata, timeout=plan.deadline_s
             )
+            cache = response.parameters["sluice_cache"].string_param
         except grpc.aio.AioRpcError as exc:
             code, reason, hint = rejection(exc)
             detail = exc.details() or ""
@@ -198,7 +212,7 @@ class _Run:
             end = self._loop.time()
             self.records[i] = RequestRecord(
                 cls=cls, scheduled_s=due_s, lag_s=start - (self._t0 + due_s), latency_s=end - start,
-                code=code, deadline_s=plan.deadline_s, reason=reason, hint=hint, detail=detail,
+                code=code, deadline_s=plan.deadline_s, reason=reason, hint=hint, detail=detail, cache=cache,
             )  # fmt: skip
 
 

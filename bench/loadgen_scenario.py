@@ -67,8 +67,11 @@ class TrafficClass(_Strict):
     """Size given to every variable (-1) dimension other than the batch; a list is drawn from uniformly."""
     cache: bool | None = None
     """`parameters["cache"]` when set (false bypasses the result cache); unset: not sent."""
-    payloads: int = Field(default=8, ge=1, le=1024)
+    payloads: int = Field(default=8, ge=1, le=100_000)
     """Distinct random payloads per length, generated once at start and drawn from per request."""
+    zipf: float | None = Field(default=None, gt=0, le=10)
+    """Draw payloads Zipf-distributed with this exponent (payload k has weight 1/k^s), as real request
+    mixes repeat popular inputs; unset: uniformly."""
 
     @field_validator("length")
     @classmethod

