@@ -100,7 +100,7 @@ def _print(runs: dict[str, dict[str, Any]], round_trip: dict[str, float], rate: 
         lat = c["latency_ms"]
         hit = c["cache"].get("hit", {}).get("latency_ms", {})
         miss = c["cache"].get("miss", {}).get("latency_ms", {})
-        ratio = f"{100 * hits / max(1, c['ok']):.1f} %" if label == "cache on" else "–"
+        ratio = f"{100 * hits / max(1, c['ok']):.1f} %" if label == "cache on" else "-"
         print(
             f"| {label} | {c['throughput_rps']:.0f} | {lat['p50']:.2f} | {lat['p99']:.2f} | {ratio} | "
             f"{_pair(hit)} | {_pair(miss)} |"
@@ -115,7 +115,7 @@ def _print(runs: dict[str, dict[str, Any]], round_trip: dict[str, float], rate: 
 
 def _pair(latency: dict[str, Any]) -> str:
     if not latency or latency.get("p50") is None:
-        return "–"
+        return "-"
     return f"{latency['p50']:.2f} / {latency['p99']:.2f}"
 
 

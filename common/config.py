@@ -87,6 +87,9 @@ class WorkerSettings(_Section):
     """Batches accepted per router stream before the router must wait."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """Longest a drain waits for in-flight batches before exiting anyway."""
+    synthetic_slowdown: float = Field(default=1.0, gt=0)
+    """Multiplies the simulated latency of `synthetic` models: makes this worker a slower device in
+    scheduling tests and benchmarks. No effect on real models."""
 
     @field_validator("device")
     @classmethod

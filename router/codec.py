@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.buckets import bucketed, padded_cost
 from common.errors import InvalidArgument
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
@@ -31,6 +32,8 @@ class DecodedRequest:
     rows: int
     lane: LaneKey
     timeout_s: float | None
+    cost: int
+    """Rows times the padded length of the variable dims: what `max_batch_cost` limits."""
 
 
 ParamValue = bool | int | float | str
@@ -138,14 +141,20 @@ def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord)
             reason="bad_outputs",
         )
     decoded.sort(key=lambda t: t.name)
-    lane = LaneKey(record.name, record.version, tuple((t.name, tuple(t.shape[1:])) for t in decoded))
+    padded = {
+        t.name: bucketed(specs[t.name].dims, t.shape[1:], record.buckets.get(t.name, ())) for t in decoded
+    }
+    lane = LaneKey(record.name, record.version, tuple(sorted(padded.items())))
+    cost = sum(padded_cost(specs[name].dims, dims) for name, dims in padded.items())
+    rows = rows_seen.pop()
     return DecodedRequest(
         record=record,
         client_id=request.id,
         inputs=tuple(decoded),
         outputs=outputs,
-        rows=rows_seen.pop(),
+        rows=rows,
         lane=lane,
+        cost=rows * max(1, cost),
         timeout_s=timeout_parameter(request),
     )
 

@@ -145,8 +145,9 @@ class Driver:
             priority=priority,
             weight=tenant.settings.weight,
             size_bytes=sum(len(t.data) for t in decoded.inputs),
+            cost=decoded.cost,
         )
-        limits = LaneLimits(record.max_batch_size, record.max_wait_s)
+        limits = LaneLimits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
         self._settle_all(self.admission.admit(request, limits, now))
         self._metrics.admissions.labels(tenant.name, str(priority)).inc()
         self._wake.set()

@@ -17,6 +17,7 @@ No clock is read here: the shell measures queue and execute time around `execute
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from common.records import ModelRecord
 from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
 from worker.model_config import ModelConfig
+from worker.padding import group_key, stack
 from worker.repository import ModelVersionSpec
 
 Array = npt.NDArray[Any]
@@ -148,36 +150,70 @@ class Executor:
         return prepared
 
     def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
-        """Run the staged forwards and split their outputs; one outcome per item, in input order."""
+        """Run the staged forwards and split their outputs; one outcome per item, in input order.
+
+        A forward that fails as a whole is bisected: each half is re-run on its own, recursively, so a
+        poison item fails alone and the rest of the batch succeeds; at most `2·⌈log2 n⌉ + 2` extra forwards
+        per failed forward, after which the items not yet isolated fail with the original error.
+        """
         if prepared.copied is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.copied)
         outcomes = dict(prepared.outcomes)
         for staged in prepared.forwards:
             results = self._forward(prepared.model, staged, prepared.requested)
+            if len(staged.group) > 1 and all(r.error is not None for r in results):
+                budget = [2 * math.ceil(math.log2(len(staged.group))) + 2]
+                results = self._bisect(prepared.model, staged.group, prepared.requested, results, budget)
             for planned, outcome in zip(staged.group, results, strict=True):
                 outcomes[planned.index] = outcome
         return [outcomes[index] for index in range(prepared.size)]
 
+    def _bisect(
+        self,
+        model: LoadedModel,
+        group: list[_Planned],
+        requested: list[str],
+        failed: list[ItemOutcome],
+        budget: list[int],
+    ) -> list[ItemOutcome]:
+        if len(group) == 1 or budget[0] <= 0:
+            return failed
+        half = len(group) // 2
+        results: list[ItemOutcome] = []
+        for part in (group[:half], group[half:]):
+            budget[0] -= 1
+            attempt = self._forward(model, self._stage(model, part), requested)
+            if all(r.error is None for r in attempt):
+                results.extend(attempt)
+            else:
+                start = group.index(part[0])
+                results.extend(
+                    self._bisect(model, part, requested, failed[start : start + len(part)], budget)
+                )
+        return results
+
     def warm_up(self, model: LoadedModel) -> None:
-        """Run each warm-up batch size once with zeros; raises Internal if any fails (model not ready)."""
+        """Run every warm-up batch size in every shape bucket once with zeros; raises Internal if any fails
+        (the model is not ready: a bucket that was never run could still compile or allocate on first use)."""
         config = model.spec.config
-        for size in config.warmup_sizes:
-            for outcome in self.run(model, warmup_items(config, size)):
-                if outcome.error is not None:
-                    raise Internal(
-                        f"warm-up of {config.name!r} v{model.spec.version} at batch {size} failed: "
-                        f"{outcome.error.message}",
-                        reason="warmup_failed",
-                    )
+        for length in warmup_lengths(config):
+            for size in config.warmup_sizes:
+                for outcome in self.run(model, warmup_items(config, size, length)):
+                    if outcome.error is not None:
+                        raise Internal(
+                            f"warm-up of {config.name!r} v{model.spec.version} at batch {size}, "
+                            f"length {length} failed: {outcome.error.message}",
+                            reason="warmup_failed",
+                        )
 
     def _stage(self, model: LoadedModel, group: list[_Planned]) -> _Staged:
         config = model.spec.config
         rows = sum(p.rows for p in group)
         try:
-            tensors = {
-                t.name: self._to_device(np.concatenate([p.item.inputs[t.name] for p in group]))
-                for t in config.inputs
-            }
+            arrays, mask = stack(config, [p.item.inputs for p in group])
+            tensors = {name: self._to_device(array) for name, array in arrays.items()}
+            if mask is not None and config.batching.mask_input is not None:
+                tensors[config.batching.mask_input] = self._to_device(mask)
         except (RuntimeError, ValueError, MemoryError) as exc:
             return _Staged(group, rows, None, _model_error(model, rows, exc))
         return _Staged(group, rows, tensors)
@@ -188,14 +224,8 @@ class Executor:
         try:
             if staged.tensors is None:
                 raise staged.error or RuntimeError("inputs were not staged")
-            tensors = dict(staged.tensors)
-            masked = config.masked_input
-            if masked is not None and config.batching.mask_input is not None:
-                length = tensors[masked.name].shape[1 + masked.dims.index(-1)]
-                mask = torch.ones((rows, length), dtype=torch.float32, device=self.device)
-                tensors[config.batching.mask_input] = mask
             with torch.inference_mode():
-                produced = model.backend.forward(tensors)
+                produced = model.backend.forward(staged.tensors)
             arrays = self._to_host({name: _output(produced, name) for name in requested})
             _check_outputs(config, arrays, rows)
         except Exception as exc:
@@ -303,10 +333,11 @@ def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: t
 
 
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
-    """Items with equal non-batch shapes, in arrival order, cut so no group exceeds max_batch_size rows."""
+    """Items of equal padded (bucketed) shape, in arrival order, cut so no group exceeds max_batch_size
+    rows."""
     by_shape: dict[tuple[tuple[int, ...], ...], list[list[_Planned]]] = {}
     for planned in valid:
-        key = tuple(planned.item.inputs[t.name].shape[1:] for t in config.inputs)
+        key = group_key(config, planned.item.inputs)
         groups = by_shape.setdefault(key, [[]])
         if sum(p.rows for p in groups[-1]) + planned.rows > config.max_batch_size:
             groups.append([])
@@ -327,16 +358,21 @@ def _check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> 
             raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
 
 
-def warmup_items(config: ModelConfig, size: int) -> list[ExecItem]:
+def warmup_lengths(config: ModelConfig) -> list[int]:
+    """The variable-dim lengths warm-up must cover: every declared bucket (or one default length)."""
+    buckets = sorted({size for sizes in config.batching.buckets.values() for size in sizes})
+    return buckets or [WARMUP_VARIABLE_LENGTH]
+
+
+def warmup_items(config: ModelConfig, size: int, length: int | None = None) -> list[ExecItem]:
     """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`."""
-    return [ExecItem(i, _zeros_row(config)) for i in range(size)]
+    return [ExecItem(i, _zeros_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
 
 
-def _zeros_row(config: ModelConfig) -> dict[str, Array]:
-    """One row of zeros per input; variable dims get the smallest bucket (or a small default length)."""
+def _zeros_row(config: ModelConfig, length: int) -> dict[str, Array]:
+    """One row of zeros per input; variable dims get `length`."""
     inputs = {}
     for spec in config.inputs:
-        length = config.batching.buckets.get(spec.name, (WARMUP_VARIABLE_LENGTH,))[0]
         shape = [1, *(length if d == -1 else d for d in spec.dims)]
         inputs[spec.name] = np.zeros(shape, dtype=DATATYPES[spec.datatype])
     return inputs

@@ -109,7 +109,7 @@ class WorkerProcess:
     def _load_models(self) -> None:
         settings = self.config.worker
         for spec in scan_repository(settings.repository, settings.models):
-            model = LoadedModel(spec, load_backend(spec, settings.device))
+            model = LoadedModel(spec, load_backend(spec, settings.device, settings.synthetic_slowdown))
             self.executor.warm_up(model)
             self.warmup_s[(spec.name, spec.version)] = self._time_warm_batches(model)
             self.models[(spec.name, spec.version)] = model

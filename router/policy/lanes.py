@@ -47,6 +47,8 @@ class LaneLimits:
 
     max_batch_size: int
     max_wait_s: float
+    max_batch_cost: int | None = None
+    """Cap on a batch's summed request costs (padded elements, e.g. tokens), besides the row count."""
 
 
 @dataclass(eq=False)
@@ -63,6 +65,8 @@ class QueuedRequest:
     priority: int = 1
     weight: float = 1.0
     size_bytes: int = 0
+    cost: int = 1
+    """Rows times the padded variable-dim length: what `max_batch_cost` counts."""
     latest_start: float = math.inf
     """The last moment its batch may start and still finish by the deadline (admission sets it)."""
 
@@ -178,17 +182,22 @@ class Lane:
         return request
 
     def pop_batch(self, now: float) -> list[QueuedRequest]:
-        """Take requests in serving order while their rows fit `max_batch_size` (at least one)."""
+        """Take requests in serving order while their rows fit `max_batch_size` and their costs fit
+        `max_batch_cost` (always at least one)."""
         batch: list[QueuedRequest] = []
-        rows = 0
+        rows = cost = 0
+        cost_cap = self.limits.max_batch_cost
         while self._requests:
             request = self.pop_next(now)
             assert request is not None
-            if batch and rows + request.rows > self.limits.max_batch_size:
+            too_many = rows + request.rows > self.limits.max_batch_size
+            too_costly = cost_cap is not None and cost + request.cost > cost_cap
+            if batch and (too_many or too_costly):
                 self._requeue(request)
                 break
             batch.append(request)
             rows += request.rows
+            cost += request.cost
         return batch
 
     def _requeue(self, request: QueuedRequest) -> None:

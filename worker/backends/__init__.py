@@ -18,12 +18,12 @@ from worker.repository import ModelVersionSpec, RepositoryError
 __all__ = ["Backend", "load_backend"]
 
 
-def load_backend(spec: ModelVersionSpec, device: str) -> Backend:
+def load_backend(spec: ModelVersionSpec, device: str, synthetic_slowdown: float = 1.0) -> Backend:
     """Load `spec`'s artifact onto `device` with the backend its config names."""
     config = spec.config
     output_names = [t.name for t in config.outputs]
     if config.backend == "synthetic":
-        return SyntheticBackend(config, device)
+        return SyntheticBackend(config, device, synthetic_slowdown)
     if spec.artifact is None:
         message = f"backend {config.backend} needs an artifact"
         raise RepositoryError(message, path=Path(spec.name, spec.version))

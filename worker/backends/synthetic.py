@@ -1,9 +1,13 @@
 """SIMULATED backend: a GPU-like latency profile with no real model behind it (for scheduling benchmarks).
 
-A forward over b rows sleeps `base_ms + per_item_ms * b` (time.sleep: it runs on the executor's thread,
-like a real forward would block it) and returns a deterministic function of the first input: each output
-row is `x * 2 + 1` over that input's row (as FP32), tiled or cut to the output's per-row size, then cast
-to the output's datatype. Nothing here measures or models a real device; every number is configured.
+A forward over b rows sleeps `(base_ms + per_item_ms * b) * slowdown` (time.sleep: it runs on the
+executor's thread, like a real forward would block it) and returns a deterministic function of the first
+input: each output row is `x * 2 + 1` over that input's row (as FP32), tiled or cut to the output's
+per-row size, then cast to the output's datatype. Nothing here measures or models a real device; every
+number is configured. `slowdown` (worker setting `synthetic_slowdown`) makes one worker a slower device.
+
+Poison marker: a row whose first input value is `POISON` makes the whole forward raise, like a model bug
+triggered by one input; the executor's bisection must then fail only that row's request.
 """
 
 from __future__ import annotations
@@ -17,17 +21,19 @@ import torch
 from worker.backends.base import TORCH_DTYPES
 from worker.model_config import ModelConfig
 
+POISON = -12345.0
+
 
 class SyntheticBackend:
     """Simulated latency, deterministic outputs."""
 
     name = "synthetic"
 
-    def __init__(self, config: ModelConfig, device: str) -> None:
+    def __init__(self, config: ModelConfig, device: str, slowdown: float = 1.0) -> None:
         if config.synthetic is None:
             raise ValueError(f"model {config.name!r}: the synthetic backend needs a `synthetic` section")
-        self._base_s = config.synthetic.base_ms / 1000.0
-        self._per_item_s = config.synthetic.per_item_ms / 1000.0
+        self._base_s = config.synthetic.base_ms / 1000.0 * slowdown
+        self._per_item_s = config.synthetic.per_item_ms / 1000.0 * slowdown
         self._first_input = config.inputs[0].name
         self._outputs = config.outputs
         self._device = torch.device(device)
@@ -38,6 +44,8 @@ class SyntheticBackend:
         rows = x.shape[0]
         time.sleep(self._base_s + self._per_item_s * rows)
         flat = x.reshape(rows, -1).to(torch.float32)
+        if flat.shape[1] and bool((flat[:, 0] == POISON).any()):
+            raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
         results: dict[str, torch.Tensor] = {}
         for output in self._outputs:
             width = math.prod(output.dims)

@@ -102,3 +102,27 @@ def test_response_keeps_only_requested_outputs_in_request_order() -> None:
     assert [o.name for o in response.outputs] == ["aux"]
     assert response.parameters["sluice_batch_size"].int64_param == 3
     assert response.model_version == "1"
+
+
+ENCODER = RECORD.model_copy(
+    update={
+        "name": "encoder",
+        "inputs": (TensorSpec(name="tokens", datatype="INT64", dims=(-1,)),),
+        "buckets": {"tokens": (16, 32)},
+    }
+)
+
+
+def tokens_request(length: int) -> kserve.ModelInferRequest:
+    request = kserve.ModelInferRequest(model_name="encoder")
+    request.inputs.add(name="tokens", datatype="INT64", shape=[1, length])
+    request.raw_input_contents.append(np.ones((1, length), "<i8").tobytes())
+    return request
+
+
+def test_variable_lengths_share_the_lane_of_their_bucket_and_cost_padded_elements() -> None:
+    short, other_short, longer = (decode_infer_request(tokens_request(n), ENCODER) for n in (3, 16, 17))
+    assert short.lane == other_short.lane != longer.lane
+    assert (short.cost, longer.cost) == (16, 32)
+    with pytest.raises(SluiceError, match="largest bucket"):
+        decode_infer_request(tokens_request(33), ENCODER)

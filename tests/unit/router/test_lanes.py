@@ -109,3 +109,10 @@ def test_removal_keeps_counts_exact() -> None:
     assert q.remove(gone.request_id) is gone
     assert q.remove(gone.request_id) is None
     assert len(q) == 1 and q.rows == 1
+
+
+def test_batch_is_capped_by_cost_as_well_as_rows() -> None:
+    q = Lane(KEY, LaneLimits(max_batch_size=32, max_wait_s=0.0, max_batch_cost=256))
+    for _ in range(6):
+        q.push(QueuedRequest(next(_ids), KEY, 1, 0.0, 10.0, cost=64))
+    assert len(q.pop_batch(0.0)) == 4 and len(q) == 2
