@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from common.clock import Clock
 from common.config import AdmissionSettings, TenantSettings
-from common.errors import DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
+from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
 from common.pb.sluice.v1 import worker_pb2
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
@@ -200,31 +200,60 @@ class Driver:
 
     # -- worker events ------------------------------------------------------------------------------------
     def on_result(self, worker_id: str, result: worker_pb2.BatchResult) -> None:
-        """A worker answered a batch: settle each of its requests."""
-        dispatch = self.dispatcher.complete(result.batch_id)
+        """A worker answered a batch: learn from its timing, settle each of its requests."""
+        now = self.clock.now()
+        dispatch = self.dispatcher.complete(result.batch_id, now)
         self._wake.set()
         if dispatch is None:
             log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
             return
-        now = self.clock.now()
         sent_at = self._dispatched_at.pop(dispatch.batch_id, now)
-        self._metrics.execute.labels(dispatch.lane.model).observe(result.execute_us / 1e6)
+        key = dispatch.lane
+        self._metrics.execute.labels(key.model).observe(result.execute_us / 1e6)
         if result.executed_size:
-            key = dispatch.lane
-            self.estimates.observe(key.model, key.version, result.executed_size, result.execute_us / 1e6)
+            seconds = result.execute_us / 1e6
+            self.estimates.observe(key.model, key.version, result.executed_size, seconds, worker_id)
         outcomes = {item.item_id: item for item in result.items}
+        broken = bool(outcomes) and all(
+            item.HasField("error") and item.error.code == Code.INTERNAL for item in outcomes.values()
+        )
+        if broken:
+            self.dispatcher.breaker.failure(worker_id, now)
+        else:
+            self.dispatcher.breaker.success(worker_id)
         for request in dispatch.requests:
             self._item_worker.pop(request.request_id, None)
-            item = outcomes.get(request.request_id)
-            if now > request.deadline and item is not None and not item.HasField("error"):
-                _settle(request, DeadlineExceeded("finished after its deadline", reason="finished_late"))
-            elif item is None:
-                _settle(request, Internal(f"worker {worker_id} returned no outcome for this request"))
-            elif item.HasField("error"):
-                _settle(request, error_for_code(item.error.code, item.error.message, reason="worker_error"))
-            else:
-                served = ServedBy(worker_id, dispatch.rows, sent_at - request.arrival)
-                _settle(request, ItemReply(list(item.outputs), served))
+            self._settle_result(
+                request,
+                outcomes.get(request.request_id),
+                worker_id=worker_id,
+                dispatch=dispatch,
+                sent_at=sent_at,
+                now=now,
+            )
+
+    def _settle_result(
+        self,
+        request: QueuedRequest,
+        item: worker_pb2.ItemResult | None,
+        *,
+        worker_id: str,
+        dispatch: Dispatch,
+        sent_at: float,
+        now: float,
+    ) -> None:
+        if item is None:
+            _settle(request, Internal(f"worker {worker_id} returned no outcome for this request"))
+        elif item.HasField("error"):
+            _settle(request, error_for_code(item.error.code, item.error.message, reason="worker_error"))
+        elif now > request.deadline:
+            _settle(request, DeadlineExceeded("finished after its deadline", reason="finished_late"))
+        else:
+            self.dispatcher.finished(request, now)
+            _settle(
+                request,
+                ItemReply(list(item.outputs), ServedBy(worker_id, dispatch.rows, sent_at - request.arrival)),
+            )
 
     def worker_joined(self, worker_id: str, models: set[tuple[str, str]], capacity: int) -> None:
         """A worker is known (accepting only once `worker_accepting(True)`)."""
@@ -237,10 +266,31 @@ class Driver:
         self._wake.set()
 
     def worker_lost(self, worker_id: str, reason: str) -> None:
-        """A worker's stream is gone: its in-flight requests end UNAVAILABLE (retryable at once)."""
+        """A worker's stream is gone. Its in-flight requests are dispatched once more elsewhere if their
+        deadlines still allow; the others end UNAVAILABLE (retryable, short hint) — never silence."""
+        now = self.clock.now()
         lost = self.dispatcher.worker_left(worker_id)
-        self._fail_batches(lost, _worker_lost(worker_id, reason))
+        if lost:
+            self.dispatcher.breaker.failure(worker_id, now)
+        error = _worker_lost(worker_id, reason)
+        for dispatch in lost:
+            self._dispatched_at.pop(dispatch.batch_id, None)
+            for request in dispatch.requests:
+                self._item_worker.pop(request.request_id, None)
+                self._redispatch_or_fail(request, error, now)
         self._wake.set()
+
+    def _redispatch_or_fail(self, request: QueuedRequest, error: SluiceError, now: float) -> None:
+        record = _pending(request).decoded.record
+        if request.attempts > 1 or now >= request.latest_start or _pending(request).future.done():
+            _settle(request, error)
+            return
+        limits = LaneLimits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+        try:
+            self._settle_all(self.dispatcher.resubmit(request, limits))
+            self._metrics.redispatched.labels(record.name).inc()
+        except SluiceError as refused:
+            _settle(request, refused)
 
     def in_flight_on(self, worker_id: str) -> int:
         """Batches this router has in flight on a worker."""

@@ -30,6 +30,9 @@ from router.worker_link import WorkerLink, WorkerLinks
 log = logging.getLogger(__name__)
 
 RETIRE_GRACE_S = 1.0
+STREAM_SILENCE_S = 0.8
+"""A worker reports its load every 0.25 s; a stream silent this long belongs to a frozen or cut-off
+worker (gRPC keepalive alone takes ~1.5 s to say so), so it is closed and its batches re-dispatched."""
 RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -57,8 +60,21 @@ class Membership:
         self.synced = asyncio.Event()
 
     def start(self) -> None:
-        """Watch etcd in the background."""
+        """Watch etcd, and the streams' heartbeats, in the background."""
         self._watch = asyncio.create_task(self._follow(), name="membership-watch")
+        self._spawn(self._watch_heartbeats())
+
+    async def _watch_heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.1)
+            for worker_id in self._links.ids():
+                link = self._links.get(worker_id)
+                if link is not None and link.ready and loop.time() - link.last_message > STREAM_SILENCE_S:
+                    log.warning(
+                        "worker %s silent for %.2f s: closing its stream", worker_id, STREAM_SILENCE_S
+                    )
+                    self._spawn(link.close())
 
     async def stop(self) -> None:
         """Stop watching and close every stream."""
@@ -72,9 +88,11 @@ class Membership:
                 await link.close()
 
     async def _follow(self) -> None:
-        async for snapshot in watch_prefix_snapshots(self._etcd, self._etcd.prefix + WORKERS):
-            self.apply(self._parse(snapshot))
-            self.synced.set()
+        snapshots = watch_prefix_snapshots(self._etcd, self._etcd.prefix + WORKERS)
+        async with contextlib.aclosing(snapshots):
+            async for snapshot in snapshots:
+                self.apply(self._parse(snapshot))
+                self.synced.set()
 
     @staticmethod
     def _parse(snapshot: dict[str, bytes]) -> dict[str, WorkerRecord]:

@@ -97,6 +97,10 @@ class RouterMetrics:
             "sluice_autoscaler_desired_workers", "Workers this model needs cluster-wide (router's estimate; "
             "the HPA takes the max over routers)", ["model"], registry=r,
         )  # fmt: skip
+        self.redispatched = Counter(
+            "sluice_router_redispatched", "Requests sent again to another worker after theirs died mid-batch",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.workers = Gauge(
             "sluice_router_workers", "Workers known from etcd, by whether they accept batches",
             ["accepting"], registry=r,

@@ -10,6 +10,7 @@ is logged and ignored, never applied half-way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -84,8 +85,10 @@ class PeerView:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _follow(self, folder: str, apply: Callable[[dict[str, bytes]], None]) -> None:
-        async for snapshot in watch_prefix_snapshots(self._etcd, self._etcd.prefix + folder):
-            apply(snapshot)
+        snapshots = watch_prefix_snapshots(self._etcd, self._etcd.prefix + folder)
+        async with contextlib.aclosing(snapshots):
+            async for snapshot in snapshots:
+                apply(snapshot)
 
     def _apply_routers(self, snapshot: dict[str, bytes]) -> None:
         self.routers = max(1, len(snapshot))

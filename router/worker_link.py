@@ -2,7 +2,8 @@
 
 A link only moves messages: `send` queues a RouterMessage for the writer, every WorkerMessage read is
 handed to `on_message`, and when the stream ends for any reason `on_closed` is called exactly once.
-gRPC keepalive pings every second make a dead peer visible within ~1 s even when no batch is in flight.
+gRPC keepalive pings every 500 ms with a 500 ms ack deadline make a dead or frozen peer visible within
+about a second even when no batch is in flight (a killed peer's socket closes at once).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 log = logging.getLogger(__name__)
 
 KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.http2.ping_timeout_ms", 1000),  # grpcio 1.85 enforces the ping-ack deadline with this one
+    ("grpc.keepalive_time_ms", 500),
+    ("grpc.keepalive_timeout_ms", 500),
+    ("grpc.http2.ping_timeout_ms", 500),  # grpcio 1.85 enforces the ping-ack deadline with this one
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
@@ -43,6 +44,8 @@ class WorkerLink:
         self.worker_id = worker_id
         self.addr = addr
         self.ready = False
+        self.last_message = 0.0
+        """Loop time of the last message from the worker (its heartbeat)."""
         self._on_message = on_message
         self._on_closed = on_closed
         self._options = [
@@ -87,6 +90,7 @@ class WorkerLink:
             async with grpc.aio.insecure_channel(self.addr, options=self._options) as channel:
                 call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests())
                 async for message in call:
+                    self.last_message = asyncio.get_running_loop().time()
                     self._on_message(self.worker_id, message)
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"

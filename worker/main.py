@@ -35,11 +35,12 @@ from worker.servicer import WorkerAdminServicer, WorkerState, WorkerStreamServic
 
 log = logging.getLogger(__name__)
 
-LOAD_REPORT_INTERVAL_S = 1.0
+LOAD_REPORT_INTERVAL_S = 0.25
+"""Also the heartbeat routers watch: a stream silent for 3 intervals is declared dead."""
 # Time for routers to see DRAINING on their stream before we trust the runner's idleness.
 DRAIN_SETTLE_S = 0.2
 SERVER_OPTIONS = [
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 400),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.keepalive_permit_without_calls", 1),
 ]

@@ -30,8 +30,9 @@ AUDIT_PRIORITY = 1_000_000
 """Lower than any real priority, so audits wait behind everything and are shed first."""
 
 MIN_RESERVE_S = 0.002
-RESERVE_FRACTION = 0.05
-"""Share of a request's budget kept for the response path (transport, the client's own scheduling)."""
+RESERVE_FRACTION = 0.1
+"""Share of a request's budget kept for the answer's way back: transport and the client's own event loop
+(with 5 % a loaded generator still read a few answers after their deadline)."""
 
 
 def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:

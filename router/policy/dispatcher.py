@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from common.errors import DeadlineExceeded, SluiceError, Unavailable
 from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut
+from router.policy.breaker import CircuitBreaker
 from router.policy.estimators import ServiceEstimates
 from router.policy.lane_stats import LaneStats
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
@@ -89,6 +90,7 @@ class Dispatcher:
         self.bounds = bounds
         self.aging_s = aging_s
         self.workers = WorkerPool()
+        self.breaker = CircuitBreaker()
         self.lanes: dict[LaneKey, Lane] = {}
         self.stats: dict[LaneKey, LaneStats] = {}
         self.in_flight: dict[int, Dispatch] = {}
@@ -192,6 +194,11 @@ class Dispatcher:
         self.estimates.forget_worker(worker_id)
         return lost
 
+    def resubmit(self, request: QueuedRequest, limits: LaneLimits) -> Rejections:
+        """Queue again a request whose worker was lost before answering (bounds still apply)."""
+        request.attempts += 1
+        return self.submit(request, limits)
+
     # -- decisions ----------------------------------------------------------------------------------------
     def poll(self, now: float) -> Decision:
         """Expire, then cut every batch that should leave now; say when to look again."""
@@ -216,9 +223,14 @@ class Dispatcher:
             return self.estimates.batch_seconds(key.model, key.version, rows, worker_id)
 
         while len(lane):
-            candidates = self.workers.serving(key.model, key.version)
-            if not candidates:
+            serving = self.workers.serving(key.model, key.version)
+            if not serving:
                 decision.rejected.extend(self._reject_lane(lane))
+                return
+            candidates = [w for w in serving if self.breaker.allows(w.worker_id, now)]
+            if not candidates:  # every worker's breaker is open: look again when the first half-opens
+                reopen = min(self.breaker.reopens_at(w.worker_id) or now for w in serving)
+                decision.wake_at = _earliest(decision.wake_at, reopen)
                 return
             job = Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on)
             worker = self.chooser.choose(candidates, job)
@@ -236,6 +248,7 @@ class Dispatcher:
             dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, verdict.reason)
             expected = self.estimates.batch_seconds(key.model, key.version, dispatch.rows, worker.worker_id)
             self.workers.reserve(worker.worker_id, dispatch.rows, now, expected)
+            self.breaker.dispatched(worker.worker_id, now)
             self.in_flight[dispatch.batch_id] = dispatch
             decision.dispatches.append(dispatch)
 

@@ -67,6 +67,8 @@ class QueuedRequest:
     size_bytes: int = 0
     cost: int = 1
     """Rows times the padded variable-dim length: what `max_batch_cost` counts."""
+    attempts: int = 1
+    """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
     """The last moment its batch may start and still finish by the deadline (admission sets it)."""
 

@@ -55,8 +55,13 @@ def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Itera
     teardown."""
     started: list[WorkerProcess] = []
 
-    def start(worker_id: str, models: str = "synthetic", repository: Path | None = None) -> WorkerProcess:
-        worker = WorkerProcess(worker_id, repository or demo_repo, etcd_settings, tmp_path, models=models)
+    def start(
+        worker_id: str, models: str = "synthetic", repository: Path | None = None, slowdown: float = 1.0
+    ) -> WorkerProcess:
+        env = {"SLUICE_WORKER__SYNTHETIC_SLOWDOWN": str(slowdown)}
+        worker = WorkerProcess(
+            worker_id, repository or demo_repo, etcd_settings, tmp_path, models=models, env=env
+        )
         started.append(worker)
         return worker
 

@@ -54,7 +54,14 @@ class WorkerProcess:
     """`sluice worker` as a subprocess."""
 
     def __init__(
-        self, worker_id: str, repository: Path, etcd: EtcdSettings, log_dir: Path, models: str = ""
+        self,
+        worker_id: str,
+        repository: Path,
+        etcd: EtcdSettings,
+        log_dir: Path,
+        *,
+        models: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.log_path = log_dir / f"{worker_id}.log"
@@ -71,7 +78,9 @@ class WorkerProcess:
         if models:
             argv += ["--models", models]
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=etcd_env(etcd))
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**etcd_env(etcd), **(env or {})}
+            )
 
     @property
     def pid(self) -> int:

@@ -161,3 +161,14 @@ def test_lost_worker_hands_back_its_batches(dispatcher: Dispatcher, clock: FakeC
     lost = dispatcher.worker_left(sent.worker_id)
     assert lost == [sent]
     assert dispatcher.complete(sent.batch_id) is None
+
+
+def test_a_worker_with_an_open_breaker_gets_no_batches(dispatcher: Dispatcher, clock: FakeClock) -> None:
+    for _ in range(3):
+        dispatcher.breaker.failure("w1", clock.now())
+    for _ in range(4):
+        dispatcher.submit(request(clock), LIMITS)
+        clock.advance(LIMITS.max_wait_s)
+        for sent in dispatcher.poll(clock.now()).dispatches:
+            assert sent.worker_id == "w2"
+            dispatcher.complete(sent.batch_id, clock.now())
