@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -62,6 +62,11 @@ class RouterSettings(_Section):
     """Deadline for requests that carry neither a gRPC deadline nor parameters["timeout"]."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Largest request or response message accepted."""
+    batcher: Literal["adaptive", "timer"] = "adaptive"
+    """`adaptive`: batch size from the latency model and arrival rate; `timer`: the classic fixed
+    max_batch_size + max_wait (Triton's dynamic batcher), kept for comparison."""
+    scheduler: Literal["expected_completion", "least_loaded", "round_robin"] = "expected_completion"
+    """How a batch picks its worker (router/policy/scheduler.py)."""
 
 
 class WorkerSettings(_Section):

@@ -14,15 +14,17 @@ import logging
 from dataclasses import dataclass
 
 from common.clock import Clock
-from common.config import AdmissionSettings, TenantSettings
+from common.config import AdmissionSettings, RouterSettings, TenantSettings
 from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
 from common.pb.sluice.v1 import worker_pb2
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
 from router.policy.admission import AdmissionController, queue_bounds
+from router.policy.batcher import AdaptiveBatcher, TimerBatcher
 from router.policy.dispatcher import Decision, Dispatch, Dispatcher, Rejections
 from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import LaneLimits, QueuedRequest
+from router.policy.scheduler import make_chooser
 from router.policy.tenants import Tenant
 from router.worker_link import WorkerLinks
 
@@ -73,12 +75,18 @@ class Driver:
         metrics: RouterMetrics,
         admission: AdmissionSettings | None = None,
         tenants: dict[str, TenantSettings] | None = None,
+        settings: RouterSettings | None = None,
     ) -> None:
         self.clock = clock
         admission = admission or AdmissionSettings()
+        settings = settings or RouterSettings()
         self.estimates = ServiceEstimates()
         self.dispatcher = Dispatcher(
-            estimates=self.estimates, bounds=queue_bounds(admission), aging_s=admission.aging_s
+            batcher=AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher(),
+            chooser=make_chooser(settings.scheduler),
+            estimates=self.estimates,
+            bounds=queue_bounds(admission),
+            aging_s=admission.aging_s,
         )
         self.admission = AdmissionController(admission, tenants or {}, self.dispatcher, clock.now())
         self._links = links

@@ -70,7 +70,7 @@ class RouterServer:
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
         self.live = LiveStats()
-        self.driver = Driver(self.clock, self.links, self.metrics, config.admission, config.tenants)
+        self.driver = Driver(self.clock, self.links, self.metrics, config.admission, config.tenants, settings)
         self.peers = PeerView(
             config.etcd,
             config.tenants,

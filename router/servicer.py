@@ -19,6 +19,7 @@ from common.grpc_errors import abort
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from common.records import ModelRecord
 from router.cache_gate import CacheGate
 from router.codec import (
     decode_infer_request,
@@ -155,6 +156,15 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
             await asyncio.gather(reader, *list(tasks), return_exceptions=True)
 
+    def _resolve(self, name: str, version: str) -> ModelRecord:
+        """The record to serve: the version asked for, or the highest version a worker accepts batches for
+        right now (a version registered but not yet connected would only answer UNAVAILABLE)."""
+        if not version:
+            serving = [v for v in self._catalog.versions(name) if self._driver.dispatcher.serves(name, v)]
+            if serving:
+                return self._catalog.resolve(name, serving[-1])
+        return self._catalog.resolve(name, version)
+
     async def _infer(
         self,
         request: kserve.ModelInferRequest,
@@ -169,7 +179,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             tenant = self._tenants().authenticate(api_key(metadata))
             tenant_name = tenant.name
             priority = tenant.priority(int_parameter(request, "priority") or 0)
-            record = self._catalog.resolve(request.model_name, request.model_version)
+            record = self._resolve(request.model_name, request.model_version)
             label = record.name
             TenantDirectory.authorize(tenant, record.name)
             decoded = decode_infer_request(request, record)

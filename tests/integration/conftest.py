@@ -77,8 +77,8 @@ async def make_router(etcd_settings: EtcdSettings) -> AsyncIterator[MakeRouter]:
     started: list[RouterServer] = []
 
     async def make(**sections: Any) -> RouterServer:
-        router_settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0)
-        server = RouterServer(SluiceConfig(etcd=etcd_settings, router=router_settings, **sections))
+        sections.setdefault("router", RouterSettings(listen="127.0.0.1:0", metrics_port=0))
+        server = RouterServer(SluiceConfig(etcd=etcd_settings, **sections))
         await server.start()
         started.append(server)
         return server
