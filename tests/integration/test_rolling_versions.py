@@ -7,6 +7,7 @@ import asyncio
 import shutil
 import signal
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -17,7 +18,7 @@ import yaml
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from tests.integration.conftest import MakeRouter, Spawn
-from tests.support.processes import WorkerProcess, eventually
+from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -64,15 +65,16 @@ async def test_rolling_in_v2_one_worker_at_a_time_fails_no_request(
                 await asyncio.sleep(0.01)
             await asyncio.gather(*pending)
 
+    def serving(worker_id: str) -> bool:
+        return worker_id in router.membership.accepting_workers()
+
     driver = asyncio.create_task(load())
     for worker, replacement in zip(old, ("w-a2", "w-b2"), strict=True):
         await asyncio.sleep(0.5)
         worker.signal(signal.SIGTERM)
         assert await asyncio.to_thread(worker.wait, 30) == 0
-        new: WorkerProcess = spawn(replacement, repository=rolled)
-        await eventually(
-            lambda n=new: n.worker_id in router.membership.accepting_workers(), 60, "replacement"
-        )
+        spawn(replacement, repository=rolled)
+        await eventually(partial(serving, replacement), 60, replacement)
     await asyncio.sleep(0.5)
     stop.set()
     await driver

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -20,6 +20,7 @@ from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
 
+Scheduler = Literal["expected_completion", "least_loaded", "round_robin"]
 FAST, SLOW = 6.0, 12.0
 """Slowdowns of the synthetic model (5 ms + 0.5 ms/row): 30 ms + 3 ms/row vs twice that."""
 
@@ -33,7 +34,7 @@ async def executed(router: RouterServer, worker_id: str) -> int:
     return status.items_executed
 
 
-async def run(make_router: MakeRouter, spawn: Spawn, scheduler: str, tag: str) -> dict[str, Any]:
+async def run(make_router: MakeRouter, spawn: Spawn, scheduler: Scheduler, tag: str) -> dict[str, Any]:
     router = await make_router(
         router=RouterSettings(listen="127.0.0.1:0", metrics_port=0, scheduler=scheduler)
     )
@@ -48,7 +49,7 @@ async def run(make_router: MakeRouter, spawn: Spawn, scheduler: str, tag: str) -
             "seed": 1,
             "channels": 2,
             "classes": [{"name": "load", "model": "synthetic", "deadline_ms": 5000}],
-        }  # fmt: skip
+        }
     )
     report = await run_scenario(scenario)
     rows = {w: await executed(router, w) - before[w] for w in before}
