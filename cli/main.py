@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -16,6 +15,7 @@ from typing import Any, NoReturn
 from cli.admin_cmds import add_admin_parsers, run_admin
 from cli.bench_cmd import add_bench_parser, run_bench
 from common.config import ConfigError, SluiceConfig, load_config
+from common.logs import configure_logging
 
 EXIT_BAD_ARGS = 1
 
@@ -118,6 +118,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sluice", description="Sluice: an inference-serving cluster (KServe v2 gRPC).")
     parser.add_argument("--config", type=Path, help="sluice.yaml (then SLUICE_* env vars, then flags, win)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument(
+        "--log-format", choices=("json", "text"), default="json", help="json lines (default) or plain text"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_process_commands(sub)
     _add_client_commands(sub)
@@ -188,10 +191,7 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sluice` console script."""
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s {args.command} %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.command, as_json=args.log_format == "json")
     try:
         return _run(args)
     except ConfigError as exc:

@@ -13,10 +13,22 @@ import itertools
 import logging
 from dataclasses import dataclass
 
+from opentelemetry.trace import (
+    Link,
+    NoOpTracer,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    Tracer,
+    get_current_span,
+)
+
 from common.clock import Clock
 from common.config import AdmissionSettings, RouterSettings, TenantSettings
 from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
 from common.pb.sluice.v1 import worker_pb2
+from common.telemetry import inject
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
 from router.policy.admission import AdmissionController, queue_bounds
@@ -48,6 +60,8 @@ class Pending:
 
     decoded: DecodedRequest
     future: asyncio.Future[ItemReply]
+    span: SpanContext | None = None
+    """The request's trace span, which the batch span links to."""
 
 
 def _pending(request: QueuedRequest) -> Pending:
@@ -73,11 +87,15 @@ class Driver:
         clock: Clock,
         links: WorkerLinks,
         metrics: RouterMetrics,
+        *,
         admission: AdmissionSettings | None = None,
         tenants: dict[str, TenantSettings] | None = None,
         settings: RouterSettings | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.clock = clock
+        self._tracer = tracer or NoOpTracer()
+        self._batch_spans: dict[int, Span] = {}
         admission = admission or AdmissionSettings()
         settings = settings or RouterSettings()
         self.estimates = ServiceEstimates()
@@ -142,13 +160,14 @@ class Driver:
                 retry_after_s=1.0,
             )
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
+        span = get_current_span().get_span_context()
         request = QueuedRequest(
             next(self._ids),
             decoded.lane,
             decoded.rows,
             now,
             deadline,
-            Pending(decoded, future),
+            Pending(decoded, future, span if span.is_valid else None),
             tenant=tenant.name,
             priority=priority,
             weight=tenant.settings.weight,
@@ -202,9 +221,36 @@ class Driver:
             self._metrics.queue_wait.labels(model).observe(now - request.arrival)
         self._metrics.batch_size.labels(model).observe(dispatch.rows)
         self._dispatched_at[dispatch.batch_id] = now
+        self._trace_batch(dispatch, batch)
         if not self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch)):
             self.dispatcher.complete(dispatch.batch_id)
             self._fail_batches([dispatch], _worker_lost(dispatch.worker_id, "no open stream"))
+
+    def _trace_batch(self, dispatch: Dispatch, batch: worker_pb2.Batch) -> None:
+        """Open the batch span, linked to every request it carries; the worker's span becomes its child."""
+        links = [Link(p.span) for r in dispatch.requests if (p := _pending(r)).span is not None]
+        if not links:
+            return
+        span = self._tracer.start_span(
+            "sluice.batch",
+            links=links,
+            attributes={
+                "sluice.model": dispatch.lane.model,
+                "sluice.version": dispatch.lane.version,
+                "sluice.batch_rows": dispatch.rows,
+                "sluice.worker": dispatch.worker_id,
+                "sluice.cut_reason": dispatch.reason,
+            },
+        )
+        batch.trace_context.update(inject(span))
+        self._batch_spans[dispatch.batch_id] = span
+
+    def _end_batch_span(self, batch_id: int, error: str = "") -> None:
+        span = self._batch_spans.pop(batch_id, None)
+        if span is not None:
+            if error:
+                span.set_status(Status(StatusCode.ERROR, error))
+            span.end()
 
     # -- worker events ------------------------------------------------------------------------------------
     def on_result(self, worker_id: str, result: worker_pb2.BatchResult) -> None:
@@ -216,6 +262,7 @@ class Driver:
             log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
             return
         sent_at = self._dispatched_at.pop(dispatch.batch_id, now)
+        self._end_batch_span(dispatch.batch_id)
         key = dispatch.lane
         self._metrics.execute.labels(key.model).observe(result.execute_us / 1e6)
         if result.executed_size:
@@ -283,6 +330,7 @@ class Driver:
         error = _worker_lost(worker_id, reason)
         for dispatch in lost:
             self._dispatched_at.pop(dispatch.batch_id, None)
+            self._end_batch_span(dispatch.batch_id, f"worker lost: {reason}")
             for request in dispatch.requests:
                 self._item_worker.pop(request.request_id, None)
                 self._redispatch_or_fail(request, error, now)
@@ -308,6 +356,7 @@ class Driver:
     def _fail_batches(self, batches: list[Dispatch], error: SluiceError) -> None:
         for dispatch in batches:
             self._dispatched_at.pop(dispatch.batch_id, None)
+            self._end_batch_span(dispatch.batch_id, error.message)
             for request in dispatch.requests:
                 self._item_worker.pop(request.request_id, None)
                 _settle(request, error)

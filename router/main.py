@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
@@ -27,6 +28,7 @@ from common.etcd import LeasedKey, router_key
 from common.metrics import MetricsEndpoint
 from common.pb.inference import grpc_service_pb2_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from common.telemetry import provider_from_environment, tracer
 from router.auditor import CacheAuditor
 from router.cache_gate import CacheGate
 from router.driver import Driver
@@ -61,7 +63,9 @@ SERVER_KEEPALIVE_OPTIONS = [
 class RouterServer:
     """One router: start, serve, stop."""
 
-    def __init__(self, config: SluiceConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: SluiceConfig, clock: Clock | None = None, tracer_provider: TracerProvider | None = None
+    ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
         settings = config.router
@@ -70,7 +74,16 @@ class RouterServer:
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
         self.live = LiveStats()
-        self.driver = Driver(self.clock, self.links, self.metrics, config.admission, config.tenants, settings)
+        self.tracer_provider = tracer_provider or provider_from_environment("sluice-router")
+        self.driver = Driver(
+            self.clock,
+            self.links,
+            self.metrics,
+            admission=config.admission,
+            tenants=config.tenants,
+            settings=settings,
+            tracer=tracer(self.tracer_provider, "sluice.router"),
+        )
         self.peers = PeerView(
             config.etcd,
             config.tenants,
@@ -117,6 +130,7 @@ class RouterServer:
             cache=self.cache,
             idempotency=self.idempotency,
             live=self.live,
+            tracer=tracer(self.tracer_provider, "sluice.router"),
         )
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
@@ -198,6 +212,8 @@ class RouterServer:
             await self.redis.aclose()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush()
 
 
 def _redis_options(config: SluiceConfig) -> RedisOptions:

@@ -11,15 +11,18 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeAlias
 
 import grpc
+from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
 from common.clock import Clock
 from common.config import RouterSettings
 from common.errors import Code, SluiceError, Unauthenticated
 from common.grpc_errors import abort
+from common.logs import REQUEST_ID
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
 from common.records import ModelRecord
+from common.telemetry import extract
 from router.cache_gate import CacheGate
 from router.codec import (
     decode_infer_request,
@@ -63,9 +66,11 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         cache: CacheGate,
         idempotency: IdempotencyGate,
         live: LiveStats,
+        tracer: Tracer | None = None,
     ) -> None:
         self._driver = driver
         self._live = live
+        self._tracer = tracer or NoOpTracer()
         self._cache = cache
         self._idempotency = idempotency
         self._tenants = tenants
@@ -166,6 +171,27 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         return self._catalog.resolve(name, version)
 
     async def _infer(
+        self,
+        request: kserve.ModelInferRequest,
+        time_remaining: float | None,
+        metadata: Iterable[tuple[str, Any]] | None,
+    ) -> kserve.ModelInferResponse:
+        """One traced request (the span's parent is the caller's `traceparent`, if any)."""
+        attributes = {"sluice.model": request.model_name, "sluice.request_id": request.id}
+        with self._tracer.start_as_current_span(
+            "sluice.infer", context=extract(metadata), kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+            request_id = request.id or f"{span.get_span_context().trace_id:032x}"
+            token = REQUEST_ID.set(request_id)
+            try:
+                return await self._serve(request, time_remaining, metadata)
+            except SluiceError as err:
+                span.set_status(Status(StatusCode.ERROR, f"{err.code.name}: {err.message}"))
+                raise
+            finally:
+                REQUEST_ID.reset(token)
+
+    async def _serve(
         self,
         request: kserve.ModelInferRequest,
         time_remaining: float | None,

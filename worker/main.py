@@ -20,12 +20,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, worker_key
 from common.metrics import MetricsEndpoint
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
+from common.telemetry import provider_from_environment, tracer
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
 from worker.metrics import WorkerMetrics
@@ -54,15 +56,18 @@ _STATE_NAMES: dict[int, WorkerStateName] = {
 class WorkerProcess:
     """One worker: owns a device, its models, its gRPC server and its etcd registration."""
 
-    def __init__(self, config: SluiceConfig) -> None:
+    def __init__(self, config: SluiceConfig, tracer_provider: TracerProvider | None = None) -> None:
         self.config = config
+        self.tracer_provider = tracer_provider or provider_from_environment("sluice-worker")
         settings = config.worker
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = WorkerMetrics()
         self.executor = Executor(settings.device, settings.torch_threads)
         self.models: dict[tuple[str, str], LoadedModel] = {}
         self.warmup_s: dict[tuple[str, str], dict[int, float]] = {}
-        self.runner = BatchRunner(self.executor, self.models, self.metrics)
+        self.runner = BatchRunner(
+            self.executor, self.models, self.metrics, tracer=tracer(self.tracer_provider, "sluice.worker")
+        )
         self.state = WorkerState(self.worker_id, self.runner)
         self.health = HealthServicer()
         self.port = 0
@@ -207,6 +212,8 @@ class WorkerProcess:
         await self.runner.stop()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush()
 
 
 async def serve_worker(config: SluiceConfig) -> None:

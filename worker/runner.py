@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from common.errors import Cancelled, Code, DeadlineExceeded, Internal, NotFound, SluiceError
 from common.pb.sluice.v1 import worker_pb2
+from common.telemetry import extract_mapping
 from common.tensors import from_wire, to_wire
 from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
 from worker.metrics import WorkerMetrics
@@ -79,8 +81,10 @@ class BatchRunner:
         models: dict[tuple[str, str], LoadedModel],
         metrics: WorkerMetrics,
         now: Callable[[], float] = time.monotonic,
+        tracer: Tracer | None = None,
     ) -> None:
         self._executor = executor
+        self._tracer = tracer or NoOpTracer()
         self._models = models
         self._metrics = metrics
         self._now = now
@@ -195,9 +199,22 @@ class BatchRunner:
         result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
         start = self._now()
         outcomes: list[ItemOutcome] = []
-        if ready.prepared is not None:
-            loop = asyncio.get_running_loop()
-            outcomes = await loop.run_in_executor(self._device, self._executor.execute, ready.prepared)
+        span = self._tracer.start_span(
+            "sluice.execute",
+            context=extract_mapping(work.batch.trace_context),
+            attributes={
+                "sluice.model": work.batch.model,
+                "sluice.version": work.batch.version,
+                "sluice.items": len(work.batch.items),
+            },
+        )
+        try:
+            if ready.prepared is not None:
+                loop = asyncio.get_running_loop()
+                outcomes = await loop.run_in_executor(self._device, self._executor.execute, ready.prepared)
+        finally:
+            span.set_attribute("sluice.rows", sum(_rows(item) for item in ready.runnable))
+            span.end()
         end = self._now()
         result.items.extend(ready.skipped)
         result.items.extend(self._encode(o, work.stream) for o in outcomes)

@@ -24,35 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"M\n\x04Item\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12\x11\n\tbudget_us\x18\x03 \x01(\x03\"j\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1e\n\x05items\x18\x04 \x03(\x0b\x32\x0f.sluice.v1.Item\x12\x0f\n\x07outputs\x18\x05 \x03(\t\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"_\n\rRouterMessage\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.sluice.v1.BatchH\x00\x12#\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.CancelH\x00\x42\x06\n\x04kind\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"f\n\nItemResult\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12\"\n\x07outputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ItemError\"\x82\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sluice.v1.ItemResult\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"h\n\rWorkerMessage\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x16.sluice.v1.BatchResultH\x00\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReportH\x00\x42\x06\n\x04kind*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"M\n\x04Item\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12\x11\n\tbudget_us\x18\x03 \x01(\x03\"\xda\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1e\n\x05items\x18\x04 \x03(\x0b\x32\x0f.sluice.v1.Item\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x39\n\rtrace_context\x18\x06 \x03(\x0b\x32\".sluice.v1.Batch.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"_\n\rRouterMessage\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.sluice.v1.BatchH\x00\x12#\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.CancelH\x00\x42\x06\n\x04kind\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"f\n\nItemResult\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12\"\n\x07outputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ItemError\"\x82\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sluice.v1.ItemResult\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"h\n\rWorkerMessage\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x16.sluice.v1.BatchResultH\x00\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReportH\x00\x42\x06\n\x04kind*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluice.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATE']._serialized_start=949
-  _globals['_WORKERSTATE']._serialized_end=1070
+  _globals['_BATCH_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATE']._serialized_start=1062
+  _globals['_WORKERSTATE']._serialized_end=1183
   _globals['_TENSOR']._serialized_start=37
   _globals['_TENSOR']._serialized_end=106
   _globals['_ITEM']._serialized_start=108
   _globals['_ITEM']._serialized_end=185
-  _globals['_BATCH']._serialized_start=187
-  _globals['_BATCH']._serialized_end=293
-  _globals['_CANCEL']._serialized_start=295
-  _globals['_CANCEL']._serialized_end=321
-  _globals['_ROUTERMESSAGE']._serialized_start=323
-  _globals['_ROUTERMESSAGE']._serialized_end=418
-  _globals['_ITEMERROR']._serialized_start=420
-  _globals['_ITEMERROR']._serialized_end=462
-  _globals['_ITEMRESULT']._serialized_start=464
-  _globals['_ITEMRESULT']._serialized_end=566
-  _globals['_BATCHRESULT']._serialized_start=569
-  _globals['_BATCHRESULT']._serialized_end=699
-  _globals['_LOADREPORT']._serialized_start=702
-  _globals['_LOADREPORT']._serialized_end=841
-  _globals['_WORKERMESSAGE']._serialized_start=843
-  _globals['_WORKERMESSAGE']._serialized_end=947
-  _globals['_WORKER']._serialized_start=1072
-  _globals['_WORKER']._serialized_end=1146
+  _globals['_BATCH']._serialized_start=188
+  _globals['_BATCH']._serialized_end=406
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_start=355
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_end=406
+  _globals['_CANCEL']._serialized_start=408
+  _globals['_CANCEL']._serialized_end=434
+  _globals['_ROUTERMESSAGE']._serialized_start=436
+  _globals['_ROUTERMESSAGE']._serialized_end=531
+  _globals['_ITEMERROR']._serialized_start=533
+  _globals['_ITEMERROR']._serialized_end=575
+  _globals['_ITEMRESULT']._serialized_start=577
+  _globals['_ITEMRESULT']._serialized_end=679
+  _globals['_BATCHRESULT']._serialized_start=682
+  _globals['_BATCHRESULT']._serialized_end=812
+  _globals['_LOADREPORT']._serialized_start=815
+  _globals['_LOADREPORT']._serialized_end=954
+  _globals['_WORKERMESSAGE']._serialized_start=956
+  _globals['_WORKERMESSAGE']._serialized_end=1060
+  _globals['_WORKER']._serialized_start=1185
+  _globals['_WORKER']._serialized_end=1259
 # @@protoc_insertion_point(module_scope)
