@@ -17,7 +17,6 @@ from router.live_stats import LiveStats
 from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
-from router.policy.batcher import keep_up_size
 from router.policy.catalog import ModelCatalog
 
 REFRESH_S = 0.2
@@ -127,10 +126,10 @@ class StatusLoop:
             def seconds(rows: int, model: str = name, version: str = record.version) -> float:
                 return dispatcher.estimates.batch_seconds(model, version, rows)
 
-            target = keep_up_size(rows_per_s, ready, seconds, record.max_batch_size)
+            batch = record.max_batch_size
             load = ModelLoad(
                 rows_per_s=rows_per_s,
-                seconds_per_row=seconds(target) / target,
+                seconds_per_row=seconds(batch) / batch,
                 ready_workers=ready,
                 slo_attainment=self._live.window(name, now).slo_attainment,
             )

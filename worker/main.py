@@ -30,6 +30,7 @@ from common.records import WorkerRecord, WorkerStateName
 from common.telemetry import provider_from_environment, tracer
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
+from worker.gpu_metrics import GpuSampler
 from worker.metrics import WorkerMetrics
 from worker.repository import scan_repository
 from worker.runner import BatchRunner
@@ -175,9 +176,15 @@ class WorkerProcess:
         return response
 
     async def _report_load(self) -> None:
+        gpu = GpuSampler.create(self.config.worker.device, self.metrics)
+        ticks = 0
         while True:
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
             self.state.broadcast()
+            self.metrics.busy_ratio.set(self.runner.busy_fraction())
+            ticks += 1
+            if gpu is not None and ticks % 4 == 0:  # NVML once a second is plenty
+                gpu.sample()
 
     async def drain(self) -> None:
         """Mark draining everywhere, finish accepted batches, revoke the lease (once)."""

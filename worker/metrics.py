@@ -34,6 +34,14 @@ class WorkerMetrics:
         self.queued_batches = Gauge(
             "sluice_worker_queued_batches", "Batches accepted and not yet answered", registry=r,
         )  # fmt: skip
+        self.gpu_utilization = Gauge(
+            "sluice_worker_gpu_utilization_ratio", "GPU utilisation from NVML (CUDA workers only)",
+            registry=r,
+        )  # fmt: skip
+        self.gpu_memory_used = Gauge(
+            "sluice_worker_gpu_memory_used_bytes", "GPU memory in use from NVML (CUDA workers only)",
+            registry=r,
+        )  # fmt: skip
         self.busy_ratio = Gauge(
             "sluice_worker_busy_ratio", "Fraction of recent wall time spent executing batches", registry=r,
         )  # fmt: skip

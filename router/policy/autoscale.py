@@ -4,8 +4,9 @@
 Math, per model:
 - λ = arrival rate (rows/s) this router sees * the number of live routers (clients spread evenly), so every
   router exports an estimate of the whole cluster's need and the HPA takes the max over routers;
-- n* = the batch size the adaptive batcher aims for at that load (keep-up size, capped by max batch);
-  s = t(n*) / n* = device time per row at that batch size, from the learned latency model;
+- s = t(B) / B = device time per row at the full batch B, from the learned latency model: a worker's
+  capacity is B / t(B) rows/s. (Not the adaptive batcher's keep-up size: that size is by construction the
+  one that keeps a worker just busy, so utilisation measured at it is always ~100 %.);
 - base = ⌈ λ · s / u* ⌉ workers keep each at utilisation u* (`target_utilization`, default 0.7): the
   headroom absorbs bursts and the batcher's waiting;
 - SLO guard: if the share of requests answered OK within their deadline over the last minute is below
