@@ -96,6 +96,7 @@ class Driver:
         self.clock = clock
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, Span] = {}
+        self._predicted: dict[int, float] = {}
         admission = admission or AdmissionSettings()
         settings = settings or RouterSettings()
         self.estimates = ServiceEstimates()
@@ -220,6 +221,11 @@ class Driver:
             self._item_worker[request.request_id] = dispatch.worker_id
             self._metrics.queue_wait.labels(model).observe(now - request.arrival)
         self._metrics.batch_size.labels(model).observe(dispatch.rows)
+        record = _pending(dispatch.requests[0]).decoded.record
+        self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)
+        self._predicted[dispatch.batch_id] = self.estimates.batch_seconds(
+            model, dispatch.lane.version, dispatch.rows, dispatch.worker_id
+        )
         self._dispatched_at[dispatch.batch_id] = now
         self._trace_batch(dispatch, batch)
         if not self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch)):
@@ -265,8 +271,11 @@ class Driver:
         self._end_batch_span(dispatch.batch_id)
         key = dispatch.lane
         self._metrics.execute.labels(key.model).observe(result.execute_us / 1e6)
+        predicted = self._predicted.pop(dispatch.batch_id, 0.0)
         if result.executed_size:
             seconds = result.execute_us / 1e6
+            if predicted > 0 and result.executed_size == dispatch.rows:
+                self._metrics.estimate_error.labels(key.model).observe(seconds / predicted - 1.0)
             self.estimates.observe(key.model, key.version, result.executed_size, seconds, worker_id)
         outcomes = {item.item_id: item for item in result.items}
         broken = bool(outcomes) and all(
@@ -330,6 +339,7 @@ class Driver:
         error = _worker_lost(worker_id, reason)
         for dispatch in lost:
             self._dispatched_at.pop(dispatch.batch_id, None)
+            self._predicted.pop(dispatch.batch_id, None)
             self._end_batch_span(dispatch.batch_id, f"worker lost: {reason}")
             for request in dispatch.requests:
                 self._item_worker.pop(request.request_id, None)
@@ -356,6 +366,7 @@ class Driver:
     def _fail_batches(self, batches: list[Dispatch], error: SluiceError) -> None:
         for dispatch in batches:
             self._dispatched_at.pop(dispatch.batch_id, None)
+            self._predicted.pop(dispatch.batch_id, None)
             self._end_batch_span(dispatch.batch_id, error.message)
             for request in dispatch.requests:
                 self._item_worker.pop(request.request_id, None)

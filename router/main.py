@@ -185,6 +185,8 @@ class RouterServer:
         key = router_key(self.config.etcd.prefix, self.router_id)
         self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
         await self._registration.start()
+        registration = self._registration
+        self.status.etcd_connected = lambda: registration.connected
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
 
     @property

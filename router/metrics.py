@@ -33,6 +33,18 @@ class RouterMetrics:
             "sluice_router_batch_size", "Rows per batch sent to workers",
             ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip
+        self.batch_fill = Histogram(
+            "sluice_router_batch_fill_ratio", "Rows per batch over the model's max batch size",
+            ["model"], buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0), registry=r,
+        )  # fmt: skip
+        self.estimate_error = Histogram(
+            "sluice_router_estimate_error_ratio",
+            "Reported batch time over the estimate used to schedule it, minus one (0 = exact; positive = slower)",
+            ["model"], buckets=(-0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0), registry=r,
+        )  # fmt: skip
+        self.etcd_up = Gauge(
+            "sluice_etcd_session_up", "1 while this process's etcd lease is kept alive", registry=r,
+        )  # fmt: skip
         self.execute = Histogram(
             "sluice_router_execute_seconds", "Forward-pass time of batches, as reported by workers",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,

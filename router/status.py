@@ -4,6 +4,7 @@ autoscaling signal, refreshed every `REFRESH_S` from the policy core's state (re
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
@@ -51,6 +52,8 @@ class StatusLoop:
         self._clock = clock
         self.autoscaler = Autoscaler(ScalingPolicy(**autoscale.model_dump()))
         self.desired: dict[str, int] = {}
+        self.etcd_connected: Callable[[], bool] = lambda: False
+        """Set by the router once its registration exists."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -113,6 +116,7 @@ class StatusLoop:
         self._metrics.cache_bytes.set(stats.bytes_used)
         self._metrics.cache_evictions.set(stats.evictions)
         self._metrics.redis_up.set(0 if stats.redis_down else 1)
+        self._metrics.etcd_up.set(1 if self.etcd_connected() else 0)
 
     def _export_desired(self, now: float) -> None:
         dispatcher = self._driver.dispatcher

@@ -182,6 +182,8 @@ class WorkerProcess:
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
             self.state.broadcast()
             self.metrics.busy_ratio.set(self.runner.busy_fraction())
+            connected = self._registration is not None and self._registration.connected
+            self.metrics.etcd_up.set(1 if connected else 0)
             ticks += 1
             if gpu is not None and ticks % 4 == 0:  # NVML once a second is plenty
                 gpu.sample()

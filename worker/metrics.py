@@ -42,6 +42,9 @@ class WorkerMetrics:
             "sluice_worker_gpu_memory_used_bytes", "GPU memory in use from NVML (CUDA workers only)",
             registry=r,
         )  # fmt: skip
+        self.etcd_up = Gauge(
+            "sluice_etcd_session_up", "1 while this process's etcd lease is kept alive", registry=r,
+        )  # fmt: skip
         self.busy_ratio = Gauge(
             "sluice_worker_busy_ratio", "Fraction of recent wall time spent executing batches", registry=r,
         )  # fmt: skip
