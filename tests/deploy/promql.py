@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import re
 
-# name -> Prometheus type. Histograms are read through their _bucket/_sum/_count series.
-METRICS = {
-    "sluice_router_requests_total": "counter",
-    "sluice_router_request_duration_seconds": "histogram",
-    "sluice_router_queue_wait_seconds": "histogram",
-    "sluice_router_batch_size": "histogram",
-    "sluice_router_execute_seconds": "histogram",
-    "sluice_router_queue_depth": "gauge",
-    "sluice_router_in_flight_batches": "gauge",
-    "sluice_router_workers": "gauge",
-    "sluice_router_rejections_total": "counter",
-    "sluice_autoscaler_desired_workers": "gauge",
-    "sluice_etcd_session_up": "gauge",
-    "sluice_worker_batches_total": "counter",
-    "sluice_worker_items_total": "counter",
-    "sluice_worker_batch_size": "histogram",
-    "sluice_worker_execute_seconds": "histogram",
-    "sluice_worker_queue_wait_seconds": "histogram",
-    "sluice_worker_queued_batches": "gauge",
-    "sluice_worker_busy_ratio": "gauge",
-}
+
+def _exported() -> dict[str, str]:
+    """name -> Prometheus type, read from the router's and the worker's own metric registries (so this
+    list cannot drift from the code). Counters are exported with their `_total` suffix; histograms are
+    read through their _bucket/_sum/_count series."""
+    from router.metrics import RouterMetrics
+    from worker.metrics import WorkerMetrics
+
+    found: dict[str, str] = {}
+    for registry in (RouterMetrics().registry, WorkerMetrics().registry):
+        for family in registry.collect():
+            name = family.name + "_total" if family.type == "counter" else family.name
+            found[name] = family.type
+    return found
+
+
+METRICS = _exported()
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"' r"|'(?:[^'\\]|\\.)*'" r"|`[^`]*`")
