@@ -138,6 +138,9 @@ class SyntheticConfig(_Strict):
     """Fixed cost of one forward pass, in milliseconds (simulated)."""
     per_item_ms: float = Field(ge=0)
     """Added cost per row of the batch, in milliseconds (simulated)."""
+    per_token_ms: float = Field(default=0.0, ge=0)
+    """Added cost per row and per element of a variable-length input (after padding), in milliseconds:
+    long inputs cost more, as with a sequence model (simulated)."""
 
 
 class ModelConfig(_Strict):

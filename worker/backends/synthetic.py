@@ -1,6 +1,7 @@
 """SIMULATED backend: a GPU-like latency profile with no real model behind it (for scheduling benchmarks).
 
-A forward over b rows sleeps `(base_ms + per_item_ms * b) * slowdown` (time.sleep: it runs on the
+A forward over b rows of padded length L sleeps `(base_ms + per_item_ms * b + per_token_ms * b * L) *
+slowdown` (L counts only for a variable-length first input; time.sleep: it runs on the
 executor's thread, like a real forward would block it) and returns a deterministic function of the first
 input: each output row is `x * 2 + 1` over that input's row (as FP32), tiled or cut to the output's
 per-row size, then cast to the output's datatype. Nothing here measures or models a real device; every
@@ -34,6 +35,8 @@ class SyntheticBackend:
             raise ValueError(f"model {config.name!r}: the synthetic backend needs a `synthetic` section")
         self._base_s = config.synthetic.base_ms / 1000.0 * slowdown
         self._per_item_s = config.synthetic.per_item_ms / 1000.0 * slowdown
+        self._per_token_s = config.synthetic.per_token_ms / 1000.0 * slowdown
+        self._variable = any(-1 in t.dims for t in config.inputs[:1])
         self._first_input = config.inputs[0].name
         self._outputs = config.outputs
         self._device = torch.device(device)
@@ -42,7 +45,8 @@ class SyntheticBackend:
         """Sleep the simulated latency for this batch size, then compute the deterministic outputs."""
         x = inputs[self._first_input]
         rows = x.shape[0]
-        time.sleep(self._base_s + self._per_item_s * rows)
+        tokens = math.prod(x.shape[1:]) if self._variable else 0
+        time.sleep(self._base_s + self._per_item_s * rows + self._per_token_s * rows * tokens)
         flat = x.reshape(rows, -1).to(torch.float32)
         if flat.shape[1] and bool((flat[:, 0] == POISON).any()):
             raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
