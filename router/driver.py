@@ -224,7 +224,7 @@ class Driver:
         record = _pending(dispatch.requests[0]).decoded.record
         self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)
         self._predicted[dispatch.batch_id] = self.estimates.batch_seconds(
-            model, dispatch.lane.version, dispatch.rows, dispatch.worker_id
+            model, dispatch.lane.version, dispatch.rows, dispatch.worker_id, dispatch.lane.shape
         )
         self._dispatched_at[dispatch.batch_id] = now
         self._trace_batch(dispatch, batch)
@@ -276,7 +276,9 @@ class Driver:
             seconds = result.execute_us / 1e6
             if predicted > 0 and result.executed_size == dispatch.rows:
                 self._metrics.estimate_error.labels(key.model).observe(seconds / predicted - 1.0)
-            self.estimates.observe(key.model, key.version, result.executed_size, seconds, worker_id)
+            self.estimates.observe(
+                key.model, key.version, result.executed_size, seconds, worker_id, key.shape
+            )
         outcomes = {item.item_id: item for item in result.items}
         broken = bool(outcomes) and all(
             item.HasField("error") and item.error.code == Code.INTERNAL for item in outcomes.values()

@@ -70,7 +70,9 @@ class AdmissionController:
     def execution_seconds(self, request: QueuedRequest) -> float:
         """Estimated execution time of the request's batch, with the safety margin."""
         key = request.lane
-        seconds = self.dispatcher.estimates.batch_seconds(key.model, key.version, request.rows)
+        seconds = self.dispatcher.estimates.batch_seconds(
+            key.model, key.version, request.rows, shape=key.shape
+        )
         return seconds * self.settings.estimate_margin
 
     def queue_wait_seconds(self, request: QueuedRequest) -> float:
@@ -86,7 +88,7 @@ class AdmissionController:
         wait = dispatcher.drain_seconds(key, ahead) if ahead else 0.0
         if busy:
             batch = lane.limits.max_batch_size if lane is not None else request.rows
-            wait += dispatcher.estimates.batch_seconds(key.model, key.version, batch)
+            wait += dispatcher.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
         return wait
 
     def admit(self, request: QueuedRequest, limits: LaneLimits, now: float) -> Rejections:
@@ -111,7 +113,9 @@ class AdmissionController:
         so budget for that batch too, and keep a small reserve for the answer's way back — unless only an
         immediate start can make the deadline."""
         key = request.lane
-        ahead = self.dispatcher.estimates.batch_seconds(key.model, key.version, limits.max_batch_size)
+        ahead = self.dispatcher.estimates.batch_seconds(
+            key.model, key.version, limits.max_batch_size, shape=key.shape
+        )
         reserve = max(MIN_RESERVE_S, RESERVE_FRACTION * (request.deadline - request.arrival))
         conservative = request.deadline - execution - ahead * self.settings.estimate_margin - reserve
         return conservative if conservative > now else request.deadline - execution

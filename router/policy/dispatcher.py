@@ -216,11 +216,11 @@ class Dispatcher:
         stats = self.stats.setdefault(key, LaneStats())
 
         def batch_seconds(rows: int) -> float:
-            return self.estimates.batch_seconds(key.model, key.version, rows)
+            return self.estimates.batch_seconds(key.model, key.version, rows, shape=key.shape)
 
         def seconds_on(worker_id: str) -> float:
             rows = min(lane.rows, lane.limits.max_batch_size)
-            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id)
+            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
 
         while len(lane):
             serving = self.workers.serving(key.model, key.version)
@@ -246,7 +246,9 @@ class Dispatcher:
                 self._where.pop(request.request_id, None)
                 self.queued_bytes -= request.size_bytes
             dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, verdict.reason)
-            expected = self.estimates.batch_seconds(key.model, key.version, dispatch.rows, worker.worker_id)
+            expected = self.estimates.batch_seconds(
+                key.model, key.version, dispatch.rows, worker.worker_id, key.shape
+            )
             self.workers.reserve(worker.worker_id, dispatch.rows, now, expected)
             self.breaker.dispatched(worker.worker_id, now)
             self.in_flight[dispatch.batch_id] = dispatch
@@ -299,7 +301,9 @@ class Dispatcher:
         batch = lane.limits.max_batch_size if lane is not None else 1
         workers = max(1, len(self.workers.serving(key.model, key.version)))
         batches = math.ceil(rows / batch)
-        seconds = batches * self.estimates.batch_seconds(key.model, key.version, batch) / workers
+        seconds = (
+            batches * self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape) / workers
+        )
         return max(MIN_RETRY_S, seconds)
 
     def queued(self) -> int:

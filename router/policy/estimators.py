@@ -57,7 +57,9 @@ class LatencyModel:
 
 
 WORKER_FIT_AFTER = 5
-"""Reports a worker must have sent for a model before its own fit replaces the model-wide one."""
+"""Reports a fit needs before it replaces a more general one (worker+shape → shape → model)."""
+Shape = tuple[tuple[str, tuple[int, ...]], ...]
+"""A lane's shape signature (LaneKey.shape)."""
 
 
 class ServiceEstimates:
@@ -65,7 +67,8 @@ class ServiceEstimates:
 
     def __init__(self) -> None:
         self._models: dict[tuple[str, str], LatencyModel] = {}
-        self._workers: dict[tuple[str, str, str], LatencyModel] = {}
+        self._shapes: dict[tuple[str, str, Shape], LatencyModel] = {}
+        self._workers: dict[tuple[str, str, Shape, str], LatencyModel] = {}
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds)."""
@@ -78,23 +81,34 @@ class ServiceEstimates:
         fit.observations = 0  # seeds do not count as measurements
         self._models[key] = fit
 
-    def observe(self, model: str, version: str, rows: int, seconds: float, worker: str = "") -> None:
-        """A worker reported a batch."""
+    def observe(
+        self, model: str, version: str, rows: int, seconds: float, worker: str = "", *, shape: Shape = ()
+    ) -> None:
+        """A worker reported a batch (of the lane with this shape signature)."""
         self._models.setdefault((model, version), LatencyModel()).observe(rows, seconds)
+        if shape:
+            self._shapes.setdefault((model, version, shape), LatencyModel()).observe(rows, seconds)
         if worker:
-            self._workers.setdefault((model, version, worker), LatencyModel()).observe(rows, seconds)
+            self._workers.setdefault((model, version, shape, worker), LatencyModel()).observe(rows, seconds)
 
-    def batch_seconds(self, model: str, version: str, rows: int, worker: str = "") -> float:
-        """Expected execution time of a batch of `rows` (on `worker`, once it has reported enough)."""
-        own = self._workers.get((model, version, worker)) if worker else None
-        if own is not None and own.observations >= WORKER_FIT_AFTER:
-            return own.predict(rows)
+    def batch_seconds(
+        self, model: str, version: str, rows: int, worker: str = "", shape: Shape = ()
+    ) -> float:
+        """Expected execution time of a batch of `rows`: the worker's own fit for this lane shape once it
+        has reported enough, else the lane shape's fit across workers, else the model's across shapes (a
+        bucket of long inputs and one of short inputs cost very differently per row)."""
+        for fit in (
+            self._workers.get((model, version, shape, worker)) if worker else None,
+            self._shapes.get((model, version, shape)) if shape else None,
+        ):
+            if fit is not None and fit.observations >= WORKER_FIT_AFTER:
+                return fit.predict(rows)
         fit = self._models.get((model, version))
         return DEFAULT_SECONDS if fit is None else fit.predict(rows)
 
     def forget_worker(self, worker: str) -> None:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
-        for key in [k for k in self._workers if k[2] == worker]:
+        for key in [k for k in self._workers if k[3] == worker]:
             del self._workers[key]
 
     def model(self, model: str, version: str) -> LatencyModel | None:

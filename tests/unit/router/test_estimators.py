@@ -34,3 +34,13 @@ def test_unknown_model_uses_the_prior_and_coefficients_never_go_negative() -> No
         estimates.observe("x", "1", rows, seconds)
     a, b = estimates.model("x", "1").coefficients()  # type: ignore[union-attr]
     assert a >= 0 and b >= 0
+
+
+def test_each_lane_shape_learns_its_own_cost_per_row() -> None:
+    estimates = ServiceEstimates()
+    short, long = (("x", (16,)),), (("x", (256,)),)
+    for _ in range(10):
+        estimates.observe("m", "1", 8, 0.004, shape=short)
+        estimates.observe("m", "1", 1, 0.008, shape=long)
+    assert estimates.batch_seconds("m", "1", 8, shape=short) == pytest.approx(0.004, rel=0.01)
+    assert estimates.batch_seconds("m", "1", 1, shape=long) == pytest.approx(0.008, rel=0.01)
