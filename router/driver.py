@@ -277,7 +277,7 @@ class Driver:
             if predicted > 0 and result.executed_size == dispatch.rows:
                 self._metrics.estimate_error.labels(key.model).observe(seconds / predicted - 1.0)
             self.estimates.observe(
-                key.model, key.version, result.executed_size, seconds, worker_id, key.shape
+                key.model, key.version, result.executed_size, seconds, worker_id, shape=key.shape
             )
         outcomes = {item.item_id: item for item in result.items}
         broken = bool(outcomes) and all(
