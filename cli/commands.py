@@ -126,6 +126,33 @@ async def _worker_records(config: SluiceConfig) -> dict[str, WorkerRecord]:
     return records
 
 
+def list_workers_via_router(addr: str) -> int:
+    """The router's view: state, models, backlog, utilisation and learned estimates per worker."""
+    with grpc.insecure_channel(addr) as channel:
+        try:
+            reply = admin_pb2_grpc.RouterAdminStub(channel).ListWorkers(
+                admin_pb2.ListWorkersRequest(), timeout=5
+            )
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
+    header = f"{'WORKER':<22} {'STATE':<9} {'STREAM':<7} {'IN FLIGHT':>9} {'QUEUED':>7} {'BUSY%':>6}"
+    print(header + "  ESTIMATES t(1) / t(max)")
+    for w in reply.workers:
+        state = worker_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_").lower()
+        stream = "broken" if w.breaker_open else ("open" if w.connected else "-")
+        estimates = ", ".join(
+            f"{e.model}:{e.version} {e.seconds_one * 1e3:.1f}/{e.seconds_full * 1e3:.1f}ms@{e.max_batch_size}"
+            for e in w.estimates
+        )
+        print(
+            f"{w.worker_id:<22} {state:<9} {stream:<7} {w.in_flight_batches:>9} {w.load.queued_batches:>7} "
+            f"{100 * w.load.busy_fraction:>6.1f}  {estimates}"
+        )
+    print(f"{len(reply.workers)} worker(s)")
+    return EXIT_OK
+
+
 async def list_workers(config: SluiceConfig, *, as_json: bool) -> int:
     """Print the workers registered in etcd with their models and state."""
     try:

@@ -312,6 +312,7 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                 in_flight_batches=self._driver.in_flight_on(worker_id),
                 connected=worker_id in self._membership.loads,
             )
+            estimates = self._driver.estimates
             for model in record.models:
                 view.models.add(
                     name=model.name,
@@ -319,6 +320,16 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                     digest=model.digest,
                     max_batch_size=model.max_batch_size,
                 )
+                view.estimates.add(
+                    model=model.name,
+                    version=model.version,
+                    seconds_one=estimates.batch_seconds(model.name, model.version, 1, worker_id),
+                    seconds_full=estimates.batch_seconds(
+                        model.name, model.version, model.max_batch_size, worker_id
+                    ),
+                    max_batch_size=model.max_batch_size,
+                )
+            view.breaker_open = not self._driver.dispatcher.breaker.allows(worker_id, self._clock.now())
             load = self._membership.loads.get(worker_id)
             if load is not None:
                 view.load.CopyFrom(load)

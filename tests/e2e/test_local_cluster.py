@@ -121,6 +121,12 @@ def test_cli_health_workers_and_infer(cluster: Cluster) -> None:
     listing = sluice("workers", "--etcd", f"127.0.0.1:{cluster.etcd_port}")
     assert listing.returncode == 0, listing.stderr
     assert "worker-1" in listing.stdout and "worker-2" in listing.stdout and "mlp:1" in listing.stdout
+    via_router = sluice("workers", "--addr", cluster.addr)
+    assert via_router.returncode == 0 and "mlp:1" in via_router.stdout and "BUSY%" in via_router.stdout
+    top = sluice("top", "--addr", cluster.addr, "--once")
+    assert top.returncode == 0 and "LANE" in top.stdout and "worker-1" in top.stdout
+    tenants = sluice("tenants", "--addr", cluster.addr)
+    assert tenants.returncode == 0 and "anonymous" in tenants.stdout
     inferred = sluice("infer", "--model", "mlp", "--random", "--addr", cluster.addr)
     assert inferred.returncode == 0, inferred.stderr
     assert "version 1" in inferred.stdout and "batch size" in inferred.stdout and "latency" in inferred.stdout

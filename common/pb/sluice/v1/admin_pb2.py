@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from common.pb.sluice.v1 import worker_pb2 as sluice_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sluice/v1/admin.proto\x12\tsluice.v1\x1a\x16sluice/v1/worker.proto\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06wait_s\x18\x01 \x01(\x01\"Q\n\rDrainResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x19\n\x11in_flight_batches\x18\x02 \x01(\r\"\x15\n\x13WorkerStatusRequest\"U\n\x0cModelVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\"\xe0\x01\n\x14WorkerStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\'\n\x06models\x18\x04 \x03(\x0b\x32\x17.sluice.v1.ModelVersion\x12#\n\x04load\x18\x05 \x01(\x0b\x32\x15.sluice.v1.LoadReport\x12\x18\n\x10\x62\x61tches_executed\x18\x06 \x01(\x04\x12\x16\n\x0eitems_executed\x18\x07 \x01(\x04\"\x14\n\x12ListWorkersRequest\"\xe0\x01\n\nWorkerView\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\'\n\x06models\x18\x05 \x03(\x0b\x32\x17.sluice.v1.ModelVersion\x12\x19\n\x11in_flight_batches\x18\x06 \x01(\r\x12\x11\n\tconnected\x18\x07 \x01(\x08\x12#\n\x04load\x18\x08 \x01(\x0b\x32\x15.sluice.v1.LoadReport\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.sluice.v1.WorkerView\"\x11\n\x0fGetStatsRequest\"u\n\tLaneStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\x14\n\x0coldest_age_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x61rrival_rate\x18\x06 \x01(\x01\"\x96\x01\n\nModelStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0crequest_rate\x18\x02 \x01(\x01\x12\x13\n\x0b\x65rror_ratio\x18\x03 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x05 \x01(\x01\x12\x17\n\x0f\x64\x65sired_workers\x18\x06 \x01(\r\x12\x15\n\rready_workers\x18\x07 \x01(\r\"\xa4\x01\n\nCacheStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0e\n\x06misses\x18\x02 \x01(\x04\x12\x10\n\x08\x62ypasses\x18\x03 \x01(\x04\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x06 \x01(\x04\x12\x12\n\nredis_down\x18\x07 \x01(\x08\x12\x18\n\x10\x64isabled_digests\x18\x08 \x03(\t\"\xa3\x01\n\x0bRouterStats\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12#\n\x05lanes\x18\x02 \x03(\x0b\x32\x14.sluice.v1.LaneStats\x12%\n\x06models\x18\x03 \x03(\x0b\x32\x15.sluice.v1.ModelStats\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.sluice.v1.CacheStats\x12\x0f\n\x07routers\x18\x05 \x01(\r\"\x14\n\x12ListTenantsRequest\"\xd8\x01\n\x0bTenantUsage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\r\n\x05\x62urst\x18\x03 \x01(\r\x12\x14\n\x0cmax_inflight\x18\x04 \x01(\r\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x18\n\x10\x64\x65\x66\x61ult_priority\x18\x06 \x01(\r\x12\x14\n\x0cmax_priority\x18\x07 \x01(\r\x12\x16\n\x0einflight_share\x18\x08 \x01(\r\x12\x10\n\x08inflight\x18\t \x01(\r\x12\x0e\n\x06tokens\x18\n \x01(\x01\x12\x0e\n\x06models\x18\x0b \x03(\t\"O\n\x13ListTenantsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.sluice.v1.TenantUsage\x12\x0f\n\x07routers\x18\x02 \x01(\r\"3\n\x11PurgeCacheRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"C\n\x12PurgeCacheResponse\x12\x16\n\x0ememory_entries\x18\x01 \x01(\x04\x12\x15\n\rredis_entries\x18\x02 \x01(\x04\x32\x94\x01\n\x0bWorkerAdmin\x12:\n\x05\x44rain\x12\x17.sluice.v1.DrainRequest\x1a\x18.sluice.v1.DrainResponse\x12I\n\x06Status\x12\x1e.sluice.v1.WorkerStatusRequest\x1a\x1f.sluice.v1.WorkerStatusResponse2\xb4\x02\n\x0bRouterAdmin\x12L\n\x0bListWorkers\x12\x1d.sluice.v1.ListWorkersRequest\x1a\x1e.sluice.v1.ListWorkersResponse\x12>\n\x08GetStats\x12\x1a.sluice.v1.GetStatsRequest\x1a\x16.sluice.v1.RouterStats\x12L\n\x0bListTenants\x12\x1d.sluice.v1.ListTenantsRequest\x1a\x1e.sluice.v1.ListTenantsResponse\x12I\n\nPurgeCache\x12\x1c.sluice.v1.PurgeCacheRequest\x1a\x1d.sluice.v1.PurgeCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sluice/v1/admin.proto\x12\tsluice.v1\x1a\x16sluice/v1/worker.proto\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06wait_s\x18\x01 \x01(\x01\"Q\n\rDrainResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x19\n\x11in_flight_batches\x18\x02 \x01(\r\"\x15\n\x13WorkerStatusRequest\"U\n\x0cModelVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\"\xe0\x01\n\x14WorkerStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\'\n\x06models\x18\x04 \x03(\x0b\x32\x17.sluice.v1.ModelVersion\x12#\n\x04load\x18\x05 \x01(\x0b\x32\x15.sluice.v1.LoadReport\x12\x18\n\x10\x62\x61tches_executed\x18\x06 \x01(\x04\x12\x16\n\x0eitems_executed\x18\x07 \x01(\x04\"\x14\n\x12ListWorkersRequest\"\xa3\x02\n\nWorkerView\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\'\n\x06models\x18\x05 \x03(\x0b\x32\x17.sluice.v1.ModelVersion\x12\x19\n\x11in_flight_batches\x18\x06 \x01(\r\x12\x11\n\tconnected\x18\x07 \x01(\x08\x12#\n\x04load\x18\x08 \x01(\x0b\x32\x15.sluice.v1.LoadReport\x12+\n\testimates\x18\t \x03(\x0b\x32\x18.sluice.v1.ModelEstimate\x12\x14\n\x0c\x62reaker_open\x18\n \x01(\x08\"r\n\rModelEstimate\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0bseconds_one\x18\x03 \x01(\x01\x12\x14\n\x0cseconds_full\x18\x04 \x01(\x01\x12\x16\n\x0emax_batch_size\x18\x05 \x01(\r\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.sluice.v1.WorkerView\"\x11\n\x0fGetStatsRequest\"u\n\tLaneStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\x14\n\x0coldest_age_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x61rrival_rate\x18\x06 \x01(\x01\"\x96\x01\n\nModelStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0crequest_rate\x18\x02 \x01(\x01\x12\x13\n\x0b\x65rror_ratio\x18\x03 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x05 \x01(\x01\x12\x17\n\x0f\x64\x65sired_workers\x18\x06 \x01(\r\x12\x15\n\rready_workers\x18\x07 \x01(\r\"\xa4\x01\n\nCacheStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0e\n\x06misses\x18\x02 \x01(\x04\x12\x10\n\x08\x62ypasses\x18\x03 \x01(\x04\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x06 \x01(\x04\x12\x12\n\nredis_down\x18\x07 \x01(\x08\x12\x18\n\x10\x64isabled_digests\x18\x08 \x03(\t\"\xa3\x01\n\x0bRouterStats\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12#\n\x05lanes\x18\x02 \x03(\x0b\x32\x14.sluice.v1.LaneStats\x12%\n\x06models\x18\x03 \x03(\x0b\x32\x15.sluice.v1.ModelStats\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.sluice.v1.CacheStats\x12\x0f\n\x07routers\x18\x05 \x01(\r\"\x14\n\x12ListTenantsRequest\"\xd8\x01\n\x0bTenantUsage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\r\n\x05\x62urst\x18\x03 \x01(\r\x12\x14\n\x0cmax_inflight\x18\x04 \x01(\r\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x18\n\x10\x64\x65\x66\x61ult_priority\x18\x06 \x01(\r\x12\x14\n\x0cmax_priority\x18\x07 \x01(\r\x12\x16\n\x0einflight_share\x18\x08 \x01(\r\x12\x10\n\x08inflight\x18\t \x01(\r\x12\x0e\n\x06tokens\x18\n \x01(\x01\x12\x0e\n\x06models\x18\x0b \x03(\t\"O\n\x13ListTenantsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.sluice.v1.TenantUsage\x12\x0f\n\x07routers\x18\x02 \x01(\r\"3\n\x11PurgeCacheRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"C\n\x12PurgeCacheResponse\x12\x16\n\x0ememory_entries\x18\x01 \x01(\x04\x12\x15\n\rredis_entries\x18\x02 \x01(\x04\x32\x94\x01\n\x0bWorkerAdmin\x12:\n\x05\x44rain\x12\x17.sluice.v1.DrainRequest\x1a\x18.sluice.v1.DrainResponse\x12I\n\x06Status\x12\x1e.sluice.v1.WorkerStatusRequest\x1a\x1f.sluice.v1.WorkerStatusResponse2\xb4\x02\n\x0bRouterAdmin\x12L\n\x0bListWorkers\x12\x1d.sluice.v1.ListWorkersRequest\x1a\x1e.sluice.v1.ListWorkersResponse\x12>\n\x08GetStats\x12\x1a.sluice.v1.GetStatsRequest\x1a\x16.sluice.v1.RouterStats\x12L\n\x0bListTenants\x12\x1d.sluice.v1.ListTenantsRequest\x1a\x1e.sluice.v1.ListTenantsResponse\x12I\n\nPurgeCache\x12\x1c.sluice.v1.PurgeCacheRequest\x1a\x1d.sluice.v1.PurgeCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,31 +45,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTWORKERSREQUEST']._serialized_start=512
   _globals['_LISTWORKERSREQUEST']._serialized_end=532
   _globals['_WORKERVIEW']._serialized_start=535
-  _globals['_WORKERVIEW']._serialized_end=759
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=761
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=822
-  _globals['_GETSTATSREQUEST']._serialized_start=824
-  _globals['_GETSTATSREQUEST']._serialized_end=841
-  _globals['_LANESTATS']._serialized_start=843
-  _globals['_LANESTATS']._serialized_end=960
-  _globals['_MODELSTATS']._serialized_start=963
-  _globals['_MODELSTATS']._serialized_end=1113
-  _globals['_CACHESTATS']._serialized_start=1116
-  _globals['_CACHESTATS']._serialized_end=1280
-  _globals['_ROUTERSTATS']._serialized_start=1283
-  _globals['_ROUTERSTATS']._serialized_end=1446
-  _globals['_LISTTENANTSREQUEST']._serialized_start=1448
-  _globals['_LISTTENANTSREQUEST']._serialized_end=1468
-  _globals['_TENANTUSAGE']._serialized_start=1471
-  _globals['_TENANTUSAGE']._serialized_end=1687
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=1689
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=1768
-  _globals['_PURGECACHEREQUEST']._serialized_start=1770
-  _globals['_PURGECACHEREQUEST']._serialized_end=1821
-  _globals['_PURGECACHERESPONSE']._serialized_start=1823
-  _globals['_PURGECACHERESPONSE']._serialized_end=1890
-  _globals['_WORKERADMIN']._serialized_start=1893
-  _globals['_WORKERADMIN']._serialized_end=2041
-  _globals['_ROUTERADMIN']._serialized_start=2044
-  _globals['_ROUTERADMIN']._serialized_end=2352
+  _globals['_WORKERVIEW']._serialized_end=826
+  _globals['_MODELESTIMATE']._serialized_start=828
+  _globals['_MODELESTIMATE']._serialized_end=942
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=944
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1005
+  _globals['_GETSTATSREQUEST']._serialized_start=1007
+  _globals['_GETSTATSREQUEST']._serialized_end=1024
+  _globals['_LANESTATS']._serialized_start=1026
+  _globals['_LANESTATS']._serialized_end=1143
+  _globals['_MODELSTATS']._serialized_start=1146
+  _globals['_MODELSTATS']._serialized_end=1296
+  _globals['_CACHESTATS']._serialized_start=1299
+  _globals['_CACHESTATS']._serialized_end=1463
+  _globals['_ROUTERSTATS']._serialized_start=1466
+  _globals['_ROUTERSTATS']._serialized_end=1629
+  _globals['_LISTTENANTSREQUEST']._serialized_start=1631
+  _globals['_LISTTENANTSREQUEST']._serialized_end=1651
+  _globals['_TENANTUSAGE']._serialized_start=1654
+  _globals['_TENANTUSAGE']._serialized_end=1870
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=1872
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=1951
+  _globals['_PURGECACHEREQUEST']._serialized_start=1953
+  _globals['_PURGECACHEREQUEST']._serialized_end=2004
+  _globals['_PURGECACHERESPONSE']._serialized_start=2006
+  _globals['_PURGECACHERESPONSE']._serialized_end=2073
+  _globals['_WORKERADMIN']._serialized_start=2076
+  _globals['_WORKERADMIN']._serialized_end=2224
+  _globals['_ROUTERADMIN']._serialized_start=2227
+  _globals['_ROUTERADMIN']._serialized_end=2535
 # @@protoc_insertion_point(module_scope)

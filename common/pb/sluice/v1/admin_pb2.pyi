@@ -171,6 +171,8 @@ class WorkerView(_message.Message):
     IN_FLIGHT_BATCHES_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
+    ESTIMATES_FIELD_NUMBER: _builtins.int
+    BREAKER_OPEN_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     addr: _builtins.str
     device: _builtins.str
@@ -178,10 +180,16 @@ class WorkerView(_message.Message):
     in_flight_batches: _builtins.int
     """Batches this router has in flight on the worker."""
     connected: _builtins.bool
+    breaker_open: _builtins.bool
+    """Whether the router's circuit breaker for this worker is open."""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelVersion]: ...
     @_builtins.property
     def load(self) -> _worker_pb2.LoadReport: ...
+    @_builtins.property
+    def estimates(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelEstimate]:
+        """The router's learned batch-time estimates on this worker, per model version."""
+
     def __init__(
         self,
         *,
@@ -193,14 +201,48 @@ class WorkerView(_message.Message):
         in_flight_batches: _builtins.int = ...,
         connected: _builtins.bool = ...,
         load: _worker_pb2.LoadReport | None = ...,
+        estimates: _abc.Iterable[Global___ModelEstimate] | None = ...,
+        breaker_open: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "connected", b"connected", "device", b"device", "in_flight_batches", b"in_flight_batches", "load", b"load", "models", b"models", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "breaker_open", b"breaker_open", "connected", b"connected", "device", b"device", "estimates", b"estimates", "in_flight_batches", b"in_flight_batches", "load", b"load", "models", b"models", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerView: _TypeAlias = WorkerView  # noqa: Y015
+
+@_typing.final
+class ModelEstimate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SECONDS_ONE_FIELD_NUMBER: _builtins.int
+    SECONDS_FULL_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    version: _builtins.str
+    seconds_one: _builtins.float
+    """Estimated forward time of a batch of 1 row and of the full batch, in seconds."""
+    seconds_full: _builtins.float
+    max_batch_size: _builtins.int
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        version: _builtins.str = ...,
+        seconds_one: _builtins.float = ...,
+        seconds_full: _builtins.float = ...,
+        max_batch_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batch_size", b"max_batch_size", "model", b"model", "seconds_full", b"seconds_full", "seconds_one", b"seconds_one", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelEstimate: _TypeAlias = ModelEstimate  # noqa: Y015
 
 @_typing.final
 class ListWorkersResponse(_message.Message):
