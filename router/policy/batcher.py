@@ -14,6 +14,10 @@ arrival rate λ and the number of workers W serving it:
 - **cut** when the lane holds n* rows; when the worker is idle and the lane cannot reach n* within
   `max_wait` (waiting buys nothing); or when waiting longer would break the tightest queued budget.
   Otherwise wait until n* is expected to be there, bounded by `max_wait` and the budget.
+- **hold** while the receiving worker is busy: a batch cut now would only queue on the worker, so the
+  router keeps collecting until just before the worker is expected to be free (`HOLD_LEAD_S`), unless the
+  batch is full or a budget forces the cut. Found with the simulator: without the hold, moderate load cut
+  small batches early and queued them on busy workers, and p99 was worse than the timer batcher's.
 - **headroom mode**: when the lane's p99 uses < 40 % of its budget (latency is healthy) but the workers are
   under half busy at n*, grow the target to what arrives within half the tightest remaining budget: fewer,
   fuller batches cost less device time per item, capacity the autoscaler can reclaim. Hysteresis (enter
@@ -35,6 +39,9 @@ from router.policy.lanes import Lane
 # Execution-time estimate for a batch of n rows of the lane being decided on.
 BatchSeconds = Callable[[int], float]
 HEADROOM_FRACTION = 0.5
+HOLD_LEAD_S = 0.0005
+"""A batch for a busy worker is cut this long before the worker is expected to be free, so it is there
+(and staged) when the device becomes idle."""
 UNDERUSED_BELOW = 0.5
 
 
@@ -51,6 +58,8 @@ class BatchContext:
     batch_seconds: BatchSeconds = _no_estimate
     workers: int = 1
     stats: LaneStats = field(default_factory=LaneStats)
+    worker_free_at: float = 0.0
+    """When the receiving worker is expected to finish what it already holds (≤ now when idle)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class TimerBatcher:
         oldest = _head(lane)
         if lane.rows >= lane.limits.max_batch_size:
             return Cut("full")
-        if ctx.now - oldest >= lane.limits.max_wait_s:
+        if ctx.now >= oldest + lane.limits.max_wait_s:
             return Cut("max_wait")
         cut_by = oldest + lane.limits.max_wait_s
         bound = _budget_bound(lane, ctx)
@@ -154,6 +163,11 @@ class AdaptiveBatcher:
         bound = _budget_bound(lane, ctx)
         if bound is not None and ctx.now >= bound:
             return Cut("deadline")
+        hold_until = ctx.worker_free_at - HOLD_LEAD_S
+        if not ctx.worker_idle and ctx.now < hold_until:
+            # The worker is busy: a batch sent now would only wait there. Keep collecting (a fuller batch,
+            # and the choice of worker stays open) until just before it is free, or the budget says go.
+            return WakeAt(hold_until if bound is None else min(hold_until, bound))
         target = self.target(lane, ctx)
         if lane.rows >= target:
             return Cut("target")

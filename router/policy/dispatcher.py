@@ -236,7 +236,9 @@ class Dispatcher:
             worker = self.chooser.choose(candidates, job)
             if worker is None:
                 return  # every candidate is full; a completion will wake the shell
-            ctx = BatchContext(now, worker.in_flight_batches == 0, batch_seconds, len(candidates), stats)
+            ctx = BatchContext(
+                now, worker.in_flight_batches == 0, batch_seconds, len(candidates), stats, worker.busy_until
+            )
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
                 decision.wake_at = _earliest(decision.wake_at, verdict.when)

@@ -10,7 +10,8 @@ margin (config `admission.estimate_margin`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 DECAY = 0.97
 """Weight kept by the past at each observation (≈ the last 33 batches dominate)."""
@@ -19,34 +20,56 @@ DEFAULT_SECONDS = 0.005
 
 
 @dataclass
-class LatencyModel:
-    """Exponentially weighted least squares of t against n."""
-
+class _Sums:
     w: float = 0.0
     sn: float = 0.0
     st: float = 0.0
     snn: float = 0.0
     snt: float = 0.0
+
+    def add(self, rows: int, seconds: float, weight: float, decay: float = 1.0) -> None:
+        self.w = self.w * decay + weight
+        self.sn = self.sn * decay + weight * rows
+        self.st = self.st * decay + weight * seconds
+        self.snn = self.snn * decay + weight * rows * rows
+        self.snt = self.snt * decay + weight * rows * seconds
+
+
+PRIOR_WEIGHT = 1.0
+"""Weight of each warm-up point in every fit. It never decays: under steady load every batch has about
+the same size, so the live data alone cannot tell the per-row cost from the fixed cost, and the slope
+would drift; the warm-up points (batch 1 and the full batch) keep it anchored."""
+
+
+@dataclass
+class LatencyModel:
+    """Exponentially weighted least squares of t against n, on top of a fixed warm-up prior."""
+
+    live: _Sums = field(default_factory=_Sums)
+    prior: _Sums = field(default_factory=_Sums)
     observations: int = 0
 
     def observe(self, rows: int, seconds: float, weight: float = 1.0) -> None:
         """Add one (batch size, duration) point."""
-        self.w = self.w * DECAY + weight
-        self.sn = self.sn * DECAY + weight * rows
-        self.st = self.st * DECAY + weight * seconds
-        self.snn = self.snn * DECAY + weight * rows * rows
-        self.snt = self.snt * DECAY + weight * rows * seconds
+        self.live.add(rows, seconds, weight, DECAY)
         self.observations += 1
+
+    def anchor(self, rows: int, seconds: float) -> None:
+        """Add a warm-up point to the prior that never decays."""
+        self.prior.add(rows, seconds, PRIOR_WEIGHT)
 
     def coefficients(self) -> tuple[float, float]:
         """(a, b) of t(n) = a + b·n; with one distinct size, all of t is charged to the fixed cost a."""
-        if self.w == 0:
+        w = self.live.w + self.prior.w
+        if w == 0:
             return DEFAULT_SECONDS, 0.0
-        mean_n, mean_t = self.sn / self.w, self.st / self.w
-        var_n = self.snn / self.w - mean_n * mean_n
+        sn, st = self.live.sn + self.prior.sn, self.live.st + self.prior.st
+        snn, snt = self.live.snn + self.prior.snn, self.live.snt + self.prior.snt
+        mean_n, mean_t = sn / w, st / w
+        var_n = snn / w - mean_n * mean_n
         if var_n <= 1e-9:
             return max(0.0, mean_t), 0.0
-        b = max(0.0, (self.snt / self.w - mean_n * mean_t) / var_n)
+        b = max(0.0, (snt / w - mean_n * mean_t) / var_n)
         a = max(0.0, mean_t - b * mean_n)
         return a, b
 
@@ -69,6 +92,7 @@ class ServiceEstimates:
         self._models: dict[tuple[str, str], LatencyModel] = {}
         self._shapes: dict[tuple[str, str, Shape], LatencyModel] = {}
         self._workers: dict[tuple[str, str, Shape, str], LatencyModel] = {}
+        self._priors: dict[tuple[str, str], dict[int, float]] = {}
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds)."""
@@ -77,19 +101,28 @@ class ServiceEstimates:
             return
         fit = LatencyModel()
         for rows, seconds in sorted(warmup.items()):
-            fit.observe(rows, seconds)
-        fit.observations = 0  # seeds do not count as measurements
+            fit.anchor(rows, seconds)
         self._models[key] = fit
+        self._priors[key] = dict(warmup)
 
     def observe(
         self, model: str, version: str, rows: int, seconds: float, worker: str = "", *, shape: Shape = ()
     ) -> None:
         """A worker reported a batch (of the lane with this shape signature)."""
-        self._models.setdefault((model, version), LatencyModel()).observe(rows, seconds)
+        self._fit(self._models, (model, version), model, version).observe(rows, seconds)
         if shape:
-            self._shapes.setdefault((model, version, shape), LatencyModel()).observe(rows, seconds)
+            self._fit(self._shapes, (model, version, shape), model, version).observe(rows, seconds)
         if worker:
-            self._workers.setdefault((model, version, shape, worker), LatencyModel()).observe(rows, seconds)
+            self._fit(self._workers, (model, version, shape, worker), model, version).observe(rows, seconds)
+
+    def _fit(self, fits: dict[Any, LatencyModel], key: Any, model: str, version: str) -> LatencyModel:
+        """The fit under `key`, created with the model's warm-up prior."""
+        fit = fits.get(key)
+        if fit is None:
+            fit = fits[key] = LatencyModel()
+            for rows, seconds in sorted(self._priors.get((model, version), {}).items()):
+                fit.anchor(rows, seconds)
+        return fit
 
     def batch_seconds(
         self, model: str, version: str, rows: int, worker: str = "", shape: Shape = ()

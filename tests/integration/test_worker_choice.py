@@ -67,7 +67,7 @@ async def test_expected_completion_gives_the_slow_worker_less_and_beats_round_ro
     naive = await run(make_router, spawn, "round_robin", "rr")
     share = smart["rows"]["slow-ec"] / (smart["rows"]["slow-ec"] + smart["rows"]["fast-ec"])
     naive_share = naive["rows"]["slow-rr"] / (naive["rows"]["slow-rr"] + naive["rows"]["fast-rr"])
-    assert 0.2 <= share <= 0.45, smart  # ~1/3: half the speed, half the work of the fast one
+    assert share <= 0.36, smart  # at most its speed's share (1/3); it gets less when the fast one keeps up
     assert share < naive_share, (smart, naive)
     assert smart["p99"] < naive["p99"], (smart, naive)
     assert smart["ok"] == naive["ok"] == 1200

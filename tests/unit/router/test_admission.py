@@ -45,11 +45,11 @@ def refused(admission: AdmissionController, request: QueuedRequest, now: float =
     return caught.value
 
 
-def test_latest_start_budgets_for_its_execution_and_one_batch_ahead_on_the_worker() -> None:
+def test_latest_start_budgets_for_a_full_batch_and_one_batch_ahead_on_the_worker() -> None:
     admission = make()
     request = req(0.0, timeout=1.0)
     admission.admit(request, LIMITS, 0.0)
-    assert request.latest_start == pytest.approx(1.0 - 0.011 - 0.014 - 0.1)  # 10 % reserve for the answer
+    assert request.latest_start == pytest.approx(1.0 - 2 * 0.014 - 0.1)  # two full batches, 10 % reserve
     tight = req(0.0, timeout=0.020)  # only an immediate start makes it: no room for a batch ahead
     make().admit(tight, LIMITS, 0.0)
     assert tight.latest_start == pytest.approx(0.020 - 0.011)
