@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 
 
 def merge_overrides(
-    configured: dict[str, TenantSettings], overrides: dict[str, bytes]
+    configured: dict[str, TenantSettings],
+    overrides: dict[str, bytes],
+    previous: dict[str, TenantSettings] | None = None,
 ) -> dict[str, TenantSettings]:
-    """Configured tenants with each valid etcd override applied on top."""
+    """Configured tenants with each valid etcd override applied on top. An invalid override is ignored:
+    the tenant keeps what was in force before it (`previous`), never a half-applied patch."""
     merged = dict(configured)
     for name, raw in sorted(overrides.items()):
         try:
@@ -41,6 +44,9 @@ def merge_overrides(
             merged[name] = TenantSettings.model_validate({**base, **patch})
         except (ValueError, TypeError, ValidationError) as exc:
             log.error("ignoring tenant override %r from etcd: %s", name, exc)
+            kept = (previous or {}).get(name)
+            if kept is not None:
+                merged[name] = kept
     return merged
 
 
@@ -64,6 +70,7 @@ class PeerView:
         self._metrics = metrics
         self._clock = clock
         self.directory = TenantDirectory(configured, require_api_key=require_api_key)
+        self._in_force = dict(configured)
         self.routers = 1
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -96,7 +103,8 @@ class PeerView:
         self._metrics.routers.set(self.routers)
 
     def _apply_tenants(self, snapshot: dict[str, bytes]) -> None:
-        merged = merge_overrides(self._configured, snapshot)
+        merged = merge_overrides(self._configured, snapshot, self._in_force)
+        self._in_force = merged
         self.directory = TenantDirectory(merged, require_api_key=self._require_key)
         self._driver.admission.set_tenants(merged, self._clock.now())
         if snapshot:

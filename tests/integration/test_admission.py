@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from common.config import AdmissionSettings, TenantSettings
+from common.config import AdmissionSettings, EtcdSettings, TenantSettings
+from common.etcd import TENANTS as TENANTS_FOLDER
+from common.etcd import open_client
 from common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
@@ -94,3 +96,31 @@ async def test_two_routers_each_enforce_half_and_rebalance_when_one_leaves(
     await second.stop()
     waited = await eventually(lambda: first.peers.routers == 1, 2, "first router alone again")
     assert waited < 1.0  # a clean stop revokes the lease: shares rebalance at once
+
+
+def gold_allows(router: RouterServer, model: str) -> bool:
+    tenant = router.peers.current_directory().get("gold")
+    assert tenant is not None
+    return tenant.allows(model)
+
+
+async def test_live_tenant_overrides_from_etcd_apply_without_restart(
+    make_router: MakeRouter, spawn: Spawn, etcd_settings: EtcdSettings
+) -> None:
+    router = await ready_router(make_router, spawn)
+    assert await call(router, "gold-key") is None
+    client = await open_client(etcd_settings)
+    try:
+        await client.put((etcd_settings.prefix + TENANTS_FOLDER + "gold").encode(), b'{"models": ["mlp"]}')
+        await eventually(lambda: not gold_allows(router, "synthetic"), 2, "override")
+        error = await call(router, "gold-key")
+        assert error is not None and error.code() == grpc.StatusCode.PERMISSION_DENIED
+        await client.put(
+            (etcd_settings.prefix + TENANTS_FOLDER + "gold").encode(), b'{"models": ["*"], "rate": 0}'
+        )
+        await asyncio.sleep(0.3)  # an invalid override (rate must be > 0) is ignored, not half-applied
+        assert not gold_allows(router, "synthetic")
+        await client.delete((etcd_settings.prefix + TENANTS_FOLDER + "gold").encode())
+        await eventually(lambda: gold_allows(router, "synthetic"), 2, "reverted")
+    finally:
+        await client.close()
