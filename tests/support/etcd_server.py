@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,15 +19,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 from cli.cluster import etcd_binary, free_port
+from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """One etcd member for a test; use as a context manager or call `start()` / `cleanup()`."""
 
     def __init__(self, base_dir: Path | None = None, *, name: str = "sluice-test") -> None:
@@ -126,15 +125,8 @@ class EtcdServer:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM, then SIGKILL if it has not exited within `timeout_s`; waits for the exit."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout_s)
+        if process is not None:
+            terminate(process, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; waits for the exit."""
@@ -150,28 +142,3 @@ class EtcdServer:
         if wipe_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         self.start(timeout_s)
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The last lines of etcd's log, for failure messages."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
-
-    def cleanup(self) -> None:
-        """Stop etcd and remove the folder this object created."""
-        self.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> EtcdServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.cleanup()

