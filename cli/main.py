@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from cli.admin_cmds import add_admin_parsers, run_admin
 from cli.bench_cmd import add_bench_parser, run_bench
+from cli.sim_cmd import add_sim_parser, run_sim
 from common.config import ConfigError, SluiceConfig, load_config
 from common.logs import configure_logging
 
@@ -89,6 +90,9 @@ def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     workers = sub.add_parser("workers", help="list workers registered in etcd")
     workers.add_argument("--json", action="store_true", help="print the raw records as JSON")
+    workers.add_argument(
+        "--addr", help="ask this router instead of etcd: adds backlog, utilisation and learned estimates"
+    )
     _add_etcd_flags(workers)
 
     drain = sub.add_parser("drain", help="drain a worker: finish in-flight work, deregister, exit")
@@ -111,6 +115,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
     add_bench_parser(sub)
+    add_sim_parser(sub)
     add_admin_parsers(sub, _add_etcd_flags, _Parser)
 
 
@@ -151,7 +156,8 @@ def _config(args: argparse.Namespace) -> SluiceConfig:
     return load_config(args.config, overrides=_overrides(args))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run_offline(args: argparse.Namespace) -> int | None:
+    """Commands that need no cluster configuration; None for the others."""
     from cli import commands
 
     if args.command == "models":
@@ -164,10 +170,21 @@ def _run(args: argparse.Namespace) -> int:
         return commands.infer(args)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "sim":
+        return run_sim(args)
     if args.command == "up":
         from cli.cluster import run_local_cluster
 
         return run_local_cluster(args)
+    return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from cli import commands
+
+    offline = _run_offline(args)
+    if offline is not None:
+        return offline
     config = _config(args)
     if args.command == "router":
         from router.main import serve_router
@@ -180,6 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         asyncio.run(serve_worker(config))
         return 0
     if args.command == "workers":
+        if args.addr:
+            return commands.list_workers_via_router(args.addr)
         return asyncio.run(commands.list_workers(config, as_json=args.json))
     if args.command in ("top", "tenants", "cache"):
         return run_admin(args, config)

@@ -53,6 +53,8 @@ class Dispatch:
     lane: LaneKey
     requests: tuple[QueuedRequest, ...]
     reason: str
+    expected_s: float = 0.0
+    """Estimated execution time on its worker when it was sent."""
 
     @property
     def rows(self) -> int:
@@ -165,10 +167,15 @@ class Dispatcher:
         return request
 
     def complete(self, batch_id: int, now: float = 0.0) -> Dispatch | None:
-        """A worker answered a batch: free its slot and hand the batch back."""
+        """A worker answered a batch: free its slot, re-estimate when the worker will be free (what it
+        still holds, from now: an estimate that ran late must not linger), and hand the batch back."""
         dispatch = self.in_flight.pop(batch_id, None)
         if dispatch is not None:
             self.workers.release(dispatch.worker_id, dispatch.rows, now)
+            slot = self.workers.get(dispatch.worker_id)
+            if slot is not None:
+                pending = [d.expected_s for d in self.in_flight.values() if d.worker_id == dispatch.worker_id]
+                slot.busy_until = now + sum(pending)
         return dispatch
 
     def finished(self, request: QueuedRequest, now: float) -> None:
@@ -247,9 +254,10 @@ class Dispatcher:
             for request in requests:
                 self._where.pop(request.request_id, None)
                 self.queued_bytes -= request.size_bytes
-            dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, verdict.reason)
-            expected = self.estimates.batch_seconds(
-                key.model, key.version, dispatch.rows, worker.worker_id, key.shape
+            rows = sum(r.rows for r in requests)
+            expected = self.estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
+            dispatch = Dispatch(
+                next(self._batch_ids), worker.worker_id, key, requests, verdict.reason, expected
             )
             self.workers.reserve(worker.worker_id, dispatch.rows, now, expected)
             self.breaker.dispatched(worker.worker_id, now)
