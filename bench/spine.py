@@ -43,9 +43,12 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
 
 
 def _request(rng: np.random.Generator) -> kserve.ModelInferRequest:
+    """An mlp request that bypasses the result cache: these figures measure the path to the workers (the
+    saturation pool repeats 256 inputs, which would otherwise be cache hits; see bench/cache_figures.py)."""
     request = kserve.ModelInferRequest(model_name="mlp")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 256])
     request.raw_input_contents.append(rng.standard_normal((1, 256)).astype("<f4").tobytes())
+    request.parameters["cache"].bool_param = False
     return request
 
 

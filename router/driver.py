@@ -97,6 +97,7 @@ class Driver:
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, Span] = {}
         self._predicted: dict[int, float] = {}
+        self._last_answer: dict[str, float] = {}
         admission = admission or AdmissionSettings()
         settings = settings or RouterSettings()
         self.estimates = ServiceEstimates()
@@ -272,8 +273,14 @@ class Driver:
         key = dispatch.lane
         self._metrics.execute.labels(key.model).observe(result.execute_us / 1e6)
         predicted = self._predicted.pop(dispatch.batch_id, 0.0)
+        previous_answer = self._last_answer.get(worker_id, 0.0)
+        self._last_answer[worker_id] = now
         if result.executed_size:
-            seconds = result.execute_us / 1e6
+            # What the batch cost as the router sees the worker: from when the worker could start it (sent
+            # to an idle worker, or its previous answer) to this answer. Besides the forward pass this
+            # includes the worker's host work and both hops, which decide how soon it can take the next
+            # batch (the forward alone made a fast model look free, so batches stayed tiny).
+            seconds = max(result.execute_us / 1e6, now - max(sent_at, previous_answer))
             if predicted > 0 and result.executed_size == dispatch.rows:
                 self._metrics.estimate_error.labels(key.model).observe(seconds / predicted - 1.0)
             self.estimates.observe(

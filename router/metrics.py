@@ -39,7 +39,7 @@ class RouterMetrics:
         )  # fmt: skip
         self.estimate_error = Histogram(
             "sluice_router_estimate_error_ratio",
-            "Reported batch time over the estimate used to schedule it, minus one (0 = exact)",
+            "Observed batch service time over the estimate used to schedule it, minus one (0 = exact)",
             ["model"], buckets=(-0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0), registry=r,
         )  # fmt: skip
         self.etcd_up = Gauge(
