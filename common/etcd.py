@@ -13,10 +13,7 @@ Invariants, and why:
   vanishes after at most the lease TTL: routers never route to a process that is gone for longer.
 - `revoke()` is the only way a registration ends on purpose; it removes the key at once (revoking the
   lease), is idempotent, and is bounded in time even when etcd is down (the key then vanishes at TTL).
-- `watch_prefix_snapshots` yields whole snapshots, never deltas, so a consumer that missed one is never
-  wrong for long; it yields nothing while etcd is unreachable (callers keep serving from their last
-  view, DESIGN §6) and, once etcd answers again, re-reads the prefix and re-watches from the read's
-  revision + 1, so no event between the read and the watch is lost.
+- Prefix watches live in common/etcd_watch.py and share this module's client, backoff and error set.
 - aetcd neither keeps leases alive nor reconnects a broken watch, and a gRPC channel can sit in a long
   reconnect backoff after an outage: after any failure we drop the client and open a fresh one.
 - Every request/response etcd call is bounded by `RPC_TIMEOUT_S` (aetcd's per-call deadline), and an
@@ -29,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
 import aetcd
@@ -77,7 +73,7 @@ class EtcdUnavailable(Exception):
 
 # What "etcd did not answer (properly)" looks like: aetcd maps the gRPC errors of the calls used here to
 # ClientError; its connect() and our own bounds time out.
-_ETCD_ERRORS: Final = (aetcd.exceptions.ClientError, OSError, TimeoutError, EtcdUnavailable)
+ETCD_ERRORS: Final = (aetcd.exceptions.ClientError, OSError, TimeoutError, EtcdUnavailable)
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -117,11 +113,11 @@ def tenant_key(prefix: str, tenant: str) -> str:
     return _child_key(prefix, TENANTS, tenant)
 
 
-async def _close_client(client: aetcd.Client) -> None:
+async def close_client(client: aetcd.Client) -> None:
     """Close a client within a bound; a failure only leaks a channel that gRPC tears down anyway."""
     try:
         await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
-    except (*_ETCD_ERRORS, RuntimeError) as exc:
+    except (*ETCD_ERRORS, RuntimeError) as exc:
         logger.debug("closing an etcd client failed: %r", exc)
 
 
@@ -137,18 +133,18 @@ async def open_client(settings: EtcdSettings) -> aetcd.Client:
         client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT_S, options=_CHANNEL_OPTIONS)
         try:
             await asyncio.wait_for(client.get(settings.prefix.encode()), RPC_TIMEOUT_S)
-        except _ETCD_ERRORS as exc:
+        except ETCD_ERRORS as exc:
             errors.append(f"{endpoint}: {exc!r}")
-            await _close_client(client)
+            await close_client(client)
             continue
         except BaseException:
-            await _close_client(client)
+            await close_client(client)
             raise
         return client
     raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(errors))
 
 
-class _Backoff:
+class Backoff:
     """Exponential delays between `initial` and `maximum`, with jitter so many clients do not retry
     in lockstep when etcd returns."""
 
@@ -214,7 +210,7 @@ class LeasedKey:
                 await self._register()
             except BaseException as exc:
                 await self._drop_client()
-                if isinstance(exc, _ETCD_ERRORS) and not isinstance(exc, EtcdUnavailable):
+                if isinstance(exc, ETCD_ERRORS) and not isinstance(exc, EtcdUnavailable):
                     raise EtcdUnavailable(f"could not register {self._key!r}: {exc!r}") from exc
                 raise
         self._connected = True
@@ -232,7 +228,7 @@ class LeasedKey:
                 return  # not started, or in an outage: the keepalive loop writes it
             try:
                 await self._client.put(self._key.encode(), value, lease=self._lease_id)
-            except _ETCD_ERRORS as exc:
+            except ETCD_ERRORS as exc:
                 logger.warning("etcd: could not update %s now (%r); will retry on reconnect", self._key, exc)
                 return
             if self._value is value:
@@ -256,7 +252,7 @@ class LeasedKey:
             try:
                 if lease_id is not None:
                     await asyncio.wait_for(self._revoke_lease(lease_id), REVOKE_TIMEOUT_S)
-            except _ETCD_ERRORS as exc:
+            except ETCD_ERRORS as exc:
                 logger.warning(
                     "etcd: could not revoke the lease of %s (%r); it expires within %d s",
                     self._key,
@@ -285,7 +281,7 @@ class LeasedKey:
     async def _drop_client(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            await _close_client(client)
+            await close_client(client)
 
     async def _register(self) -> None:
         """Grant a new lease and write the current value under it (caller holds `_io`)."""
@@ -321,7 +317,7 @@ class LeasedKey:
         async with self._io:
             try:
                 await self._refresh()
-            except _ETCD_ERRORS as exc:
+            except ETCD_ERRORS as exc:
                 if self._connected:
                     logger.warning("etcd: cannot keep %s alive (%r); retrying", self._key, exc)
                 self._connected = False
@@ -340,7 +336,7 @@ class LeasedKey:
 
     async def _keep_alive(self) -> None:
         interval = self._settings.lease_ttl_s / 3
-        backoff = _Backoff(0.1, min(1.0, interval))
+        backoff = Backoff(0.1, min(1.0, interval))
         delay = interval
         while True:
             await asyncio.sleep(delay)
@@ -349,113 +345,3 @@ class LeasedKey:
                 delay = interval
             else:
                 delay = backoff.delay()
-
-
-class _PrefixSession:
-    """The client, watch and last snapshot behind one `watch_prefix_snapshots` generator."""
-
-    def __init__(self, settings: EtcdSettings, prefix: str) -> None:
-        self._settings = settings
-        self._prefix = prefix
-        self._prefix_bytes = prefix.encode()
-        self._client: aetcd.Client | None = None
-        self._events: Any = None  # the aetcd watch iterator (an async generator)
-        self.view: dict[str, bytes] | None = None
-        self.healthy = True
-
-    def _name(self, key: bytes) -> str:
-        return key[len(self._prefix_bytes) :].decode("utf-8", errors="replace")
-
-    async def read(self) -> int:
-        """Replace `view` with the prefix's contents; returns the revision of the read."""
-        if self._client is None:
-            self._client = await open_client(self._settings)
-        result = await self._client.get_prefix(self._prefix_bytes)
-        self.view = {self._name(kv.key): bytes(kv.value) for kv in result}
-        return int(result.header.revision)
-
-    async def watch(self, start_revision: int) -> AsyncIterator[Any]:
-        """Open a watch on the prefix from `start_revision`; returns its event iterator."""
-        assert self._client is not None, "read() opens the client first"
-        watch = await self._client.watch_prefix(self._prefix_bytes, start_revision=start_revision)
-        events: AsyncIterator[Any] = aiter(watch)
-        self._events = events
-        return events
-
-    def apply(self, event: Any) -> None:
-        """Fold one PUT or DELETE event into `view`."""
-        assert self.view is not None
-        name = self._name(event.kv.key)
-        if event.kind == aetcd.rtypes.EventKind.PUT:
-            self.view[name] = bytes(event.kv.value)
-        else:
-            self.view.pop(name, None)
-
-    def failed(self, exc: BaseException) -> None:
-        """Note a broken read or watch; warns once per outage."""
-        if self.healthy:
-            logger.warning("etcd: watch of %s broke (%r); retrying with backoff", self._prefix, exc)
-        self.healthy = False
-
-    def recovered(self) -> None:
-        """Note a re-established watch."""
-        if not self.healthy:
-            logger.warning("etcd: watch of %s re-established", self._prefix)
-        self.healthy = True
-
-    async def reset(self) -> None:
-        """Drop the watch and the client; the next `read()` opens a fresh client."""
-        events, self._events = self._events, None
-        if events is not None:
-            try:
-                await events.aclose()
-            except _ETCD_ERRORS as exc:
-                logger.debug("etcd: closing the watch of %s: %r", self._prefix, exc)
-        client, self._client = self._client, None
-        if client is not None:
-            await _close_client(client)
-
-
-async def watch_prefix_snapshots(
-    settings: EtcdSettings, prefix: str
-) -> AsyncGenerator[dict[str, bytes], None]:
-    """Yield the full contents of `prefix` (names with the prefix stripped → values): once at the
-    start, then after every change (puts, deletes, lease expiries).
-
-    `prefix` is a full key prefix inside the registry, e.g. `settings.prefix + WORKERS`. While etcd is
-    unreachable nothing is yielded; when it answers again the prefix is re-read (and yielded if it
-    changed) and watched from there. Closing the generator (or cancelling its task) closes the client.
-    """
-    if not prefix.startswith(settings.prefix):
-        raise ValueError(f"watch prefix {prefix!r} is outside the registry prefix {settings.prefix!r}")
-    session = _PrefixSession(settings, prefix)
-    backoff = _Backoff(*WATCH_BACKOFF_S)
-    try:
-        while True:
-            last = session.view
-            try:
-                revision = await session.read()
-                if session.view != last:
-                    yield dict(session.view or {})
-                events = await session.watch(revision + 1)
-                session.recovered()
-                backoff.reset()
-                async for event in events:
-                    session.apply(event)
-                    yield dict(session.view or {})
-                raise EtcdUnavailable("the watch stream ended")
-            except aetcd.exceptions.RevisionCompactedError as exc:
-                # Not an outage: the history we asked for is gone, so take a fresh snapshot.
-                logger.info("etcd: watch of %s fell behind compaction (%s); re-reading", prefix, exc)
-                await session.reset()
-            except Exception as exc:
-                if isinstance(exc, _ETCD_ERRORS):
-                    session.failed(exc)
-                else:
-                    # A bug (ours or aetcd's) must not end the watch routers depend on: log, start over.
-                    logger.exception("etcd: unexpected error watching %s; retrying", prefix)
-                    session.healthy = False
-                await session.reset()
-                await asyncio.sleep(backoff.delay())
-    finally:
-        await session.reset()

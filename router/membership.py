@@ -20,7 +20,8 @@ import logging
 from pydantic import ValidationError
 
 from common.config import EtcdSettings, RouterSettings
-from common.etcd import WORKERS, watch_prefix_snapshots
+from common.etcd import WORKERS
+from common.etcd_watch import watch_prefix_snapshots
 from common.pb.sluice.v1 import worker_pb2
 from common.records import WorkerRecord
 from router.driver import Driver

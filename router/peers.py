@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from common.clock import Clock
 from common.config import EtcdSettings, TenantSettings
-from common.etcd import ROUTERS, TENANTS, watch_prefix_snapshots
+from common.etcd import ROUTERS, TENANTS
+from common.etcd_watch import watch_prefix_snapshots
 from router.driver import Driver
 from router.metrics import RouterMetrics
 from router.policy.tenants import TenantDirectory

@@ -25,9 +25,9 @@ from common.etcd import (
     open_client,
     parse_endpoint,
     router_key,
-    watch_prefix_snapshots,
     worker_key,
 )
+from common.etcd_watch import watch_prefix_snapshots
 from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration
