@@ -58,7 +58,6 @@ class Membership:
         self._failures: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
-        self.synced = asyncio.Event()
 
     def start(self) -> None:
         """Watch etcd, and the streams' heartbeats, in the background."""
@@ -93,7 +92,6 @@ class Membership:
         async with contextlib.aclosing(snapshots):
             async for snapshot in snapshots:
                 self.apply(self._parse(snapshot))
-                self.synced.set()
 
     @staticmethod
     def _parse(snapshot: dict[str, bytes]) -> dict[str, WorkerRecord]:
@@ -110,6 +108,8 @@ class Membership:
         """Make links and the worker pool match `records`."""
         previous, self.records = self.records, records
         self._catalog.update(records)
+        for conflict in self._catalog.conflicts():
+            log.warning("model registrations disagree (a redeploy in progress?): %s", conflict)
         for record in records.values():
             for model in record.models:
                 self._driver.estimates.seed(model.name, model.version, model.warmup_s)
@@ -218,9 +218,3 @@ class Membership:
     def accepting_workers(self) -> list[str]:
         """Workers that currently receive batches."""
         return [w.worker_id for w in self._driver.dispatcher.workers if w.accepting]
-
-    async def wait_synced(self, within_s: float) -> bool:
-        """Wait for the first etcd snapshot (False on timeout)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.synced.wait(), within_s)
-        return self.synced.is_set()

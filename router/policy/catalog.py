@@ -72,12 +72,6 @@ class ModelCatalog:
         ready = [v for v in versions if (name, v) in self._ready]
         return versions[max(ready or list(versions), key=_version_order)]
 
-    def is_ready(self, name: str, version: str = "") -> bool:
-        """Whether a ready worker serves the model (at that version, if given)."""
-        if version:
-            return (name, version) in self._ready
-        return any(n == name for n, _ in self._ready)
-
     def conflicts(self) -> list[str]:
         """Versions whose registrations disagree across workers."""
         return list(self._conflicts)
