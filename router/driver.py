@@ -97,6 +97,7 @@ class Driver:
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, Span] = {}
         self._predicted: dict[int, float] = {}
+        self._answered = asyncio.Event()
         self._last_answer: dict[str, float] = {}
         admission = admission or AdmissionSettings()
         settings = settings or RouterSettings()
@@ -265,6 +266,7 @@ class Driver:
         now = self.clock.now()
         dispatch = self.dispatcher.complete(result.batch_id, now)
         self._wake.set()
+        self._announce_answer()
         if dispatch is None:
             log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
             return
@@ -353,6 +355,7 @@ class Driver:
             for request in dispatch.requests:
                 self._item_worker.pop(request.request_id, None)
                 self._redispatch_or_fail(request, error, now)
+        self._announce_answer()
         self._wake.set()
 
     def _redispatch_or_fail(self, request: QueuedRequest, error: SluiceError, now: float) -> None:
@@ -371,6 +374,23 @@ class Driver:
         """Batches this router has in flight on a worker."""
         slot = self.dispatcher.workers.get(worker_id)
         return 0 if slot is None else slot.in_flight_batches
+
+    async def wait_answered(self, worker_id: str, within_s: float) -> bool:
+        """Wait until the worker holds no batch of ours (False if `within_s` passed first)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + within_s
+        while self.in_flight_on(worker_id):
+            remaining = give_up - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), remaining)
+        return True
+
+    def _announce_answer(self) -> None:
+        """Wake `wait_answered` callers: set this generation's event and start a new one."""
+        self._answered.set()
+        self._answered = asyncio.Event()
 
     def _fail_batches(self, batches: list[Dispatch], error: SluiceError) -> None:
         for dispatch in batches:

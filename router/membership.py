@@ -158,11 +158,7 @@ class Membership:
 
     async def _retire(self, worker_id: str) -> None:
         self._driver.worker_accepting(worker_id, False)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + RETIRE_GRACE_S
-        # In-flight counts live in the policy core, which raises no events: poll briefly, bounded.
-        while self._driver.in_flight_on(worker_id) and loop.time() < give_up:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        await self._driver.wait_answered(worker_id, RETIRE_GRACE_S)
         if worker_id in self.records:
             return  # it came back (re-registered) while we waited
         self.loads.pop(worker_id, None)
