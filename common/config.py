@@ -217,12 +217,21 @@ class AutoscaleSettings(_Section):
     """Ceiling."""
 
 
+class ClusterSettings(_Section):
+    """The router ↔ worker hop: settings both ends must agree on."""
+
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Largest message on a router ↔ worker stream, in either direction: workers accept batches up to
+    it and routers cut batches (inputs and expected outputs) to fit it."""
+
+
 class SluiceConfig(_Section):
     """The whole `sluice.yaml`."""
 
     etcd: EtcdSettings = EtcdSettings()
     router: RouterSettings = RouterSettings()
     worker: WorkerSettings = WorkerSettings()
+    cluster: ClusterSettings = ClusterSettings()
     admission: AdmissionSettings = AdmissionSettings()
     redis: RedisSettings = RedisSettings()
     cache: CacheSettings = CacheSettings()

@@ -22,6 +22,8 @@ class TensorSpec(BaseModel):
     name: str
     datatype: str
     dims: tuple[int, ...]
+    range: tuple[int, int] | None = None
+    """Inclusive bounds every element must lie in (integer inputs, e.g. token ids); None: any value."""
 
 
 class ModelRecord(BaseModel):
