@@ -60,13 +60,35 @@ class RouterSettings(_Section):
     """Batches one worker may hold at once: 2 lets the next batch's transfer overlap the current compute."""
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for requests that carry neither a gRPC deadline nor parameters["timeout"]."""
-    max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Largest request or response message accepted."""
+    max_timeout_s: float = Field(default=300.0, gt=0)
+    """Longest deadline a request may ask for: `parameters["timeout"]` beyond it is INVALID_ARGUMENT, and a
+    longer gRPC deadline is shortened to it (a request may only shorten the server's limit)."""
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest request or response message on the client port; a request whose response would be larger
+    (rows x outputs x bytes) is refused before any work. Every concurrent read may hold this much."""
+    max_inflight_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
+    """Budget for the bytes of requests being served (their bodies plus their expected responses): a
+    request that would exceed it is refused with RESOURCE_EXHAUSTED and a retry hint."""
+    stream_max_inflight: int = Field(default=64, ge=1, le=10_000)
+    """Requests of one `ModelStreamInfer` stream served at once; the router stops reading the stream
+    (backpressure) until one of them has been answered."""
+    watchdog_s: float = Field(default=5.0, gt=0)
+    """A decision loop that has not ticked for this long is declared stuck: what it held is failed and
+    health turns NOT_SERVING, so the orchestrator restarts the router."""
+    worker_hang_s: float = Field(default=5.0, gt=0)
+    """A worker that holds batches and answers none for this long (or 10x the estimate of what it holds,
+    if longer) is treated as dead: its requests are re-dispatched and its stream is closed."""
     batcher: Literal["adaptive", "timer"] = "adaptive"
     """`adaptive`: batch size from the latency model and arrival rate; `timer`: the classic fixed
     max_batch_size + max_wait (Triton's dynamic batcher), kept for comparison."""
     scheduler: Literal["expected_completion", "least_loaded", "round_robin"] = "expected_completion"
     """How a batch picks its worker (router/policy/scheduler.py)."""
+
+    @model_validator(mode="after")
+    def _timeouts_agree(self) -> RouterSettings:
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        return self
 
 
 class WorkerSettings(_Section):
@@ -163,6 +185,9 @@ class AdmissionSettings(_Section):
     """Safety factor on learned execution-time estimates when judging whether a deadline can be met."""
     require_api_key: bool = False
     """Refuse requests without a key even when an `anonymous` tenant is configured."""
+    priority_levels: int = Field(default=10, ge=1, le=1000)
+    """Priority levels (1 is the highest, as in Triton): `parameters["priority"]` outside 0..levels is
+    INVALID_ARGUMENT, and tenants' default and max priorities must lie within them."""
 
 
 class RedisSettings(_Section):
@@ -200,6 +225,9 @@ class IdempotencySettings(_Section):
     """How long a completed call is replayed."""
     max_records: int = Field(default=100_000, ge=1)
     """Bound on in-process records (Redis evicts by TTL)."""
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Bound on the bytes of in-process records (stored responses included); when full, the tenant holding
+    the most loses its oldest record first, so each active tenant keeps a fair share."""
 
 
 class AutoscaleSettings(_Section):
@@ -242,6 +270,22 @@ class SluiceConfig(_Section):
     }
     """Tenants by name. The default serves key-less requests (local mode) with no practical quota;
     configuring `tenants:` replaces it, so production configs list exactly who may call."""
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> SluiceConfig:
+        levels = self.admission.priority_levels
+        for name, tenant in self.tenants.items():
+            if tenant.default_priority > levels:
+                raise ValueError(
+                    f"tenants.{name}.default_priority {tenant.default_priority} is outside "
+                    f"admission.priority_levels ({levels})"
+                )
+        if self.cluster.max_message_bytes < self.router.max_message_bytes:
+            raise ValueError(
+                "cluster.max_message_bytes must be at least router.max_message_bytes: every request that "
+                "a client may send must fit into a batch to a worker"
+            )
+        return self
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

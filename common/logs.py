@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from opentelemetry.trace import get_current_span
+
+from common.clock import Clock
 
 REQUEST_ID: ContextVar[str] = ContextVar("sluice_request_id", default="")
 """The id of the request being served in this task (the client's `id`, or its trace id)."""
@@ -59,3 +62,27 @@ def configure_logging(level: str, component: str, *, as_json: bool = True) -> No
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LogThrottle:
+    """Logs an event at most once per interval, with how many occurred since the last line: for events a
+    client controls (malformed bodies, refused requests), so their rate can never become a log flood."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Clock) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last = -math.inf
+        self._suppressed = 0
+
+    def warning(self, message: str, *args: object) -> bool:
+        """Log `message % args` (plus the count suppressed since the last line) unless one was logged less
+        than an interval ago; whether it was logged."""
+        now = self._clock.now()
+        if now - self._last < self._interval_s:
+            self._suppressed += 1
+            return False
+        suffix = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
+        self._logger.warning(message + suffix, *args)
+        self._last, self._suppressed = now, 0
+        return True

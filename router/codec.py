@@ -9,16 +9,31 @@ little-endian bytes here, so everything downstream sees one canonical encoding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
 
 from common.buckets import bucketed, padded_cost
 from common.errors import InvalidArgument
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
-from common.tensors import from_contents, from_raw
+from common.tensors import dtype_of, from_contents, from_raw
 from router.policy.lanes import LaneKey
 
 MICROSECONDS = 1e-6
+TENSOR_OVERHEAD_BYTES = 64
+"""Framing of one output tensor in a response (name, datatype, shape): counted in the size check."""
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Edge bounds a request is checked against before it costs anything (router settings)."""
+
+    max_timeout_s: float = 300.0
+    """`parameters["timeout"]` must lie in (0, max_timeout_s]."""
+    max_response_bytes: int = 16 * 1024 * 1024
+    """rows x requested outputs x bytes must fit the client port's message limit."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,13 @@ class DecodedRequest:
     timeout_s: float | None
     cost: int
     """Rows times the padded length of the variable dims: what `max_batch_cost` limits."""
+    response_bytes: int = 0
+    """Upper estimate of the response's size (variable output dims count as 1)."""
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the canonical input tensors."""
+        return sum(len(t.data) for t in self.inputs)
 
 
 ParamValue = bool | int | float | str
@@ -60,20 +82,30 @@ def int_parameter(request: kserve.ModelInferRequest, name: str) -> int | None:
     return value
 
 
-def timeout_parameter(request: kserve.ModelInferRequest) -> float | None:
-    """`parameters["timeout"]` in microseconds (Triton's convention), as seconds."""
+def timeout_parameter(request: kserve.ModelInferRequest, max_timeout_s: float) -> float | None:
+    """`parameters["timeout"]` in microseconds (Triton's convention), as seconds; it must lie in
+    (0, max_timeout_s] (a uint64 of 2^64-1 once overflowed the router's batch budget)."""
     if "timeout" not in request.parameters:
         return None
     value = _param_value(request.parameters["timeout"])
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgument('parameters["timeout"] must be a positive integer of microseconds')
+    longest_us = round(max_timeout_s / MICROSECONDS)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= longest_us:
+        raise InvalidArgument(
+            f'parameters["timeout"] must be a whole number of microseconds in 1..{longest_us}',
+            reason="bad_timeout",
+        )
     return value * MICROSECONDS
+
+
+def _shown(shape: list[int]) -> str:
+    """A shape for an error message, cut short: a hostile shape can have millions of dims."""
+    return str(shape) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
 
 
 def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int:
     if len(shape) != len(spec.dims) + 1:
         raise InvalidArgument(
-            f"input {spec.name!r}: shape {shape} must be [batch, {', '.join(map(str, spec.dims))}]",
+            f"input {spec.name!r}: shape {_shown(shape)} must be [batch, {', '.join(map(str, spec.dims))}]",
             reason="bad_shape",
         )
     rows = shape[0]
@@ -101,21 +133,72 @@ def _decode_input(
         )
     shape = list(tensor.shape)
     if raw is not None:
-        from_raw(spec.name, spec.datatype, shape, raw)  # validates the length
+        values = from_raw(spec.name, spec.datatype, shape, raw)  # validates the length
         data = raw
     else:
-        data = from_contents(spec.name, spec.datatype, shape, tensor.contents).tobytes()
+        values = from_contents(spec.name, spec.datatype, shape, tensor.contents)
+        data = values.tobytes()
+    if spec.range is not None:
+        _check_range(spec, values)
     return worker_pb2.Tensor(name=spec.name, datatype=spec.datatype, shape=shape, data=data)
 
 
-def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord) -> DecodedRequest:
-    """Validate a ModelInferRequest against the model and convert it; InvalidArgument on any mismatch."""
+def _check_range(spec: TensorSpec, values: npt.NDArray[Any]) -> None:
+    """Every element within the declared inclusive range: an out-of-range token id is the client's
+    mistake (INVALID_ARGUMENT here), not a device error on the worker."""
+    assert spec.range is not None
+    low, high = spec.range
+    if values.size and (values.min() < low or values.max() > high):
+        raise InvalidArgument(
+            f"input {spec.name!r}: values must lie in [{low}, {high}], got [{values.min()}, {values.max()}]",
+            reason="out_of_range",
+        )
+
+
+def response_bytes(record: ModelRecord, rows: int, outputs: tuple[str, ...]) -> int:
+    """Upper estimate of a response's size: rows x each requested output's bytes per row (variable dims
+    count as 1), plus framing."""
+    total = 0
+    for spec in record.outputs:
+        if outputs and spec.name not in outputs:
+            continue
+        per_row = dtype_of(spec.datatype, tensor=spec.name).itemsize
+        for dim in spec.dims:
+            per_row *= max(1, dim)
+        total += rows * per_row + TENSOR_OVERHEAD_BYTES
+    return total
+
+
+def _requested_outputs(request: kserve.ModelInferRequest, record: ModelRecord) -> tuple[str, ...]:
+    """Requested output names: known, and each named once (listing one 200,000 times once made the
+    router copy it as often)."""
+    output_names = {spec.name for spec in record.outputs}
+    outputs = tuple(o.name for o in request.outputs)
+    unknown = [name for name in outputs if name not in output_names]
+    if unknown:
+        raise InvalidArgument(
+            f"model {record.name!r} has no output {unknown[0][:64]!r} (outputs: {sorted(output_names)})",
+            reason="bad_outputs",
+        )
+    if len(set(outputs)) != len(outputs):
+        raise InvalidArgument("requested outputs must be distinct", reason="duplicate_outputs")
+    return outputs
+
+
+def decode_infer_request(
+    request: kserve.ModelInferRequest, record: ModelRecord, limits: DecodeLimits = DecodeLimits()
+) -> DecodedRequest:
+    """Validate a ModelInferRequest against the model and the edge limits, and convert it;
+    InvalidArgument on any mismatch, before the request costs a queue slot or device time."""
     specs = {spec.name: spec for spec in record.inputs}
     given = [t.name for t in request.inputs]
     if sorted(given) != sorted(specs) or len(set(given)) != len(given):
+        shown = [name[:64] for name in given[:8]] + (["..."] if len(given) > 8 else [])
         raise InvalidArgument(
-            f"model {record.name!r} takes inputs {sorted(specs)}, request has {given}", reason="bad_inputs"
+            f"model {record.name!r} takes inputs {sorted(specs)}, request has {shown}", reason="bad_inputs"
         )
+    outputs = _requested_outputs(request, record)
+    timeout_s = timeout_parameter(request, limits.max_timeout_s)
     raws = list(request.raw_input_contents)
     if raws and len(raws) != len(request.inputs):
         raise InvalidArgument(
@@ -132,13 +215,13 @@ def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord)
         raise InvalidArgument(
             f"inputs disagree on the batch dimension: {sorted(rows_seen)}", reason="bad_shape"
         )
-    output_names = {spec.name for spec in record.outputs}
-    outputs = tuple(o.name for o in request.outputs)
-    unknown = [name for name in outputs if name not in output_names]
-    if unknown:
+    rows = rows_seen.pop()
+    expected = response_bytes(record, rows, outputs)
+    if expected > limits.max_response_bytes:
         raise InvalidArgument(
-            f"model {record.name!r} has no output {unknown[0]!r} (outputs: {sorted(output_names)})",
-            reason="bad_outputs",
+            f"the response would be ~{expected} bytes, over the {limits.max_response_bytes}-byte message "
+            "limit (send fewer rows or request fewer outputs)",
+            reason="response_too_large",
         )
     decoded.sort(key=lambda t: t.name)
     padded = {
@@ -146,7 +229,6 @@ def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord)
     }
     lane = LaneKey(record.name, record.version, tuple(sorted(padded.items())))
     cost = sum(padded_cost(specs[name].dims, dims) for name, dims in padded.items())
-    rows = rows_seen.pop()
     return DecodedRequest(
         record=record,
         client_id=request.id,
@@ -155,7 +237,8 @@ def decode_infer_request(request: kserve.ModelInferRequest, record: ModelRecord)
         rows=rows,
         lane=lane,
         cost=rows * max(1, cost),
-        timeout_s=timeout_parameter(request),
+        timeout_s=timeout_s,
+        response_bytes=expected,
     )
 
 

@@ -28,11 +28,12 @@ from common.clock import Clock
 from common.config import AdmissionSettings, RouterSettings, TenantSettings
 from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
 from common.pb.sluice.v1 import worker_pb2
+from common.records import ModelRecord
 from common.telemetry import inject
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
 from router.policy.admission import AdmissionController, queue_bounds
-from router.policy.batcher import AdaptiveBatcher, TimerBatcher
+from router.policy.batcher import AdaptiveBatcher, Batcher, TimerBatcher
 from router.policy.dispatcher import Decision, Dispatch, Dispatcher, Rejections
 from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import LaneLimits, QueuedRequest
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 
 # A worker that vanished mid-batch: the request can be retried at once on another worker.
 WORKER_LOST_RETRY_S = 0.1
+TICK_S = 0.5
+"""The decision loop runs at least this often, even with nothing to do: its heartbeat."""
+MAX_BUDGET_US = 2**63 - 1
+"""An item's budget is an int64 on the wire."""
+ITEM_OVERHEAD_BYTES = 256
+"""Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,45 @@ def _settle(request: QueuedRequest, outcome: ItemReply | SluiceError) -> None:
         future.set_result(outcome)
 
 
+class Alarm:
+    """What the decision loop sleeps on: `sleep(timeout)` returns when `set()` was called since the last
+    `clear()`, or once `seconds` pass. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python 3.11 it
+    never swallows a cancellation that arrives just as it is woken (which once left a router's stop
+    waiting forever), and it costs one future per sleep instead of a task."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        """Wake the sleeper now, or make its next sleep return at once."""
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def clear(self) -> None:
+        """Forget earlier `set` calls."""
+        self._set = False
+
+    async def sleep(self, seconds: float) -> None:
+        """Until set, or `seconds` have passed."""
+        if self._set:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        alarm = loop.call_later(seconds, _ring, waiter)
+        try:
+            await waiter
+        finally:
+            alarm.cancel()
+            self._waiter = None
+
+
+def _ring(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class Driver:
     """Owns the admission controller, the Dispatcher and the loop that runs them."""
 
@@ -91,6 +137,8 @@ class Driver:
         admission: AdmissionSettings | None = None,
         tenants: dict[str, TenantSettings] | None = None,
         settings: RouterSettings | None = None,
+        max_batch_bytes: int | None = None,
+        batcher: Batcher | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         self.clock = clock
@@ -103,20 +151,26 @@ class Driver:
         settings = settings or RouterSettings()
         self.estimates = ServiceEstimates()
         self.dispatcher = Dispatcher(
-            batcher=AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher(),
+            batcher=batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher()),
             chooser=make_chooser(settings.scheduler),
             estimates=self.estimates,
             bounds=queue_bounds(admission),
             aging_s=admission.aging_s,
+            hang_after_s=settings.worker_hang_s,
         )
         self.admission = AdmissionController(admission, tenants or {}, self.dispatcher, clock.now())
+        self.watchdog_s = settings.watchdog_s
+        self.last_tick = clock.now()
+        """When the decision loop last ran (the watchdog's evidence that it is alive)."""
+        self._max_batch_bytes = max_batch_bytes
         self._links = links
         self._metrics = metrics
         self._ids = itertools.count(1)
-        self._wake = asyncio.Event()
+        self._wake = Alarm()
         self._task: asyncio.Task[None] | None = None
         self._dispatched_at: dict[int, float] = {}
         self._item_worker: dict[int, str] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,24 +182,42 @@ class Driver:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        shutting = Unavailable("router shutting down", reason="shutdown", retry_after_s=WORKER_LOST_RETRY_S)
+        self.abandon(
+            Unavailable("router shutting down", reason="shutdown", retry_after_s=WORKER_LOST_RETRY_S)
+        )
+
+    async def _run(self) -> None:
+        """Poll, carry out, sleep until the wake-up time or the next event — and never die of a bug: a
+        failing decision fails the requests it concerns, and the loop ticks at least every `TICK_S` so the
+        watchdog can tell a live loop from a stuck one."""
+        while True:
+            self._wake.clear()
+            now = self.last_tick = self.clock.now()
+            try:
+                decision = self.dispatcher.poll(now)
+            except Exception as exc:  # the core is in an unknown state: fail what it holds, go on
+                log.exception("the decision loop failed; failing every request it holds")
+                self.abandon(Internal(f"the router's scheduler failed ({type(exc).__name__})"))
+                decision = Decision()
+            self._carry_out(decision)
+            timeout = TICK_S
+            if decision.wake_at is not None:
+                timeout = min(TICK_S, max(0.0, decision.wake_at - self.clock.now()))
+            await self._wake.sleep(timeout)
+
+    def healthy(self, now: float) -> bool:
+        """Whether the decision loop is running and ticked within `watchdog_s`."""
+        running = self._task is not None and not self._task.done()
+        return running and now - self.last_tick < self.watchdog_s
+
+    def abandon(self, error: SluiceError) -> None:
+        """End every queued and in-flight request with `error` (a stuck or failed core, or shutdown)."""
         for lane in list(self.dispatcher.lanes.values()):
             for request in list(lane):
                 self.dispatcher.cancel(request.request_id)
-                _settle(request, shutting)
+                _settle(request, error)
         for worker_id in {d.worker_id for d in self.dispatcher.in_flight.values()}:
-            self._fail_batches(self.dispatcher.worker_left(worker_id), shutting)
-
-    async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            decision = self.dispatcher.poll(self.clock.now())
-            self._carry_out(decision)
-            timeout = None
-            if decision.wake_at is not None:
-                timeout = max(0.0, decision.wake_at - self.clock.now())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._fail_batches(self.dispatcher.worker_left(worker_id), error)
 
     # -- requests -----------------------------------------------------------------------------------------
     async def infer(
@@ -174,12 +246,15 @@ class Driver:
             tenant=tenant.name,
             priority=priority,
             weight=tenant.settings.weight,
-            size_bytes=sum(len(t.data) for t in decoded.inputs),
+            size_bytes=decoded.input_bytes,
             cost=decoded.cost,
+            wire_bytes=decoded.input_bytes + decoded.response_bytes + ITEM_OVERHEAD_BYTES,
         )
-        limits = LaneLimits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+        limits = self._limits(record)
         self._settle_all(self.admission.admit(request, limits, now))
-        self._metrics.admissions.labels(tenant.name, str(priority)).inc()
+        self._metrics.admissions.labels(
+            self._metrics.tenant_label(tenant.name), self._metrics.priority_label(priority)
+        ).inc()
         self._wake.set()
         try:
             return await future
@@ -189,10 +264,20 @@ class Driver:
         finally:
             self.admission.release(request)
 
+    def _limits(self, record: ModelRecord) -> LaneLimits:
+        return LaneLimits(
+            record.max_batch_size, record.max_wait_s, record.max_batch_cost, self._max_batch_bytes
+        )
+
     def _settle_all(self, rejected: Rejections) -> None:
         for request, error in rejected:
             if error.reason == "shed":
-                self._metrics.shed.labels(request.tenant, str(request.priority)).inc()
+                self._metrics.shed.labels(
+                    self._metrics.tenant_label(request.tenant), self._metrics.priority_label(request.priority)
+                ).inc()
+            elif error.code is Code.INTERNAL:
+                log.error("request %d failed in the router: %s", request.request_id, error.message,
+                          exc_info=error.__cause__)  # fmt: skip
             _settle(request, error)
 
     def _cancel(self, request_id: int) -> None:
@@ -207,16 +292,48 @@ class Driver:
     def _carry_out(self, decision: Decision) -> None:
         self._settle_all(decision.rejected)
         now = self.clock.now()
+        self._end_overdue(decision.overdue)
+        for worker_id in decision.hung:
+            self._hung(worker_id)
         for dispatch in decision.dispatches:
-            self._send(dispatch, now)
+            try:
+                self._send(dispatch, now)
+            except Exception as exc:  # a batch that cannot be built or sent fails alone
+                ids = [r.request_id for r in dispatch.requests]
+                log.exception("sending batch %d (requests %s) failed", dispatch.batch_id, ids)
+                self.dispatcher.complete(dispatch.batch_id, now)
+                self._fail_batches([dispatch], Internal(f"the router failed to send this request's batch "
+                                                        f"({type(exc).__name__})"))  # fmt: skip
         self._metrics.queue_depth.set(self.dispatcher.queued())
         self._metrics.in_flight_batches.set(len(self.dispatcher.in_flight))
+
+    def _end_overdue(self, overdue: list[tuple[QueuedRequest, str]]) -> None:
+        """Dispatched requests past their deadline end now; their workers are told to drop them."""
+        dropped: dict[str, list[int]] = {}
+        for request, worker_id in overdue:
+            _settle(request, DeadlineExceeded("deadline passed before the worker answered",
+                                              reason="expired_on_worker"))  # fmt: skip
+            dropped.setdefault(worker_id, []).append(request.request_id)
+        for worker_id, item_ids in dropped.items():
+            cancel = worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=item_ids))
+            self._links.send(worker_id, cancel)
+
+    def _hung(self, worker_id: str) -> None:
+        """A worker holding work made no progress for too long: treat it as lost and close its stream (its
+        registration, if still there, reconnects it later; the breaker remembers)."""
+        log.error("worker %s holds batches and answered none for too long: treating it as lost", worker_id)
+        self.worker_lost(worker_id, "hung: no progress while holding batches")
+        link = self._links.get(worker_id)
+        if link is not None:
+            task = asyncio.create_task(link.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def _send(self, dispatch: Dispatch, now: float) -> None:
         model = dispatch.lane.model
         batch = worker_pb2.Batch(batch_id=dispatch.batch_id, model=model, version=dispatch.lane.version)
         for request in dispatch.requests:
-            budget_us = max(1, round((request.deadline - now) * 1e6))
+            budget_us = min(MAX_BUDGET_US, max(1, round((request.deadline - now) * 1e6)))
             batch.items.add(
                 item_id=request.request_id, inputs=_pending(request).decoded.inputs, budget_us=budget_us
             )
@@ -231,7 +348,7 @@ class Driver:
         self._dispatched_at[dispatch.batch_id] = now
         self._trace_batch(dispatch, batch)
         if not self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch)):
-            self.dispatcher.complete(dispatch.batch_id)
+            self.dispatcher.complete(dispatch.batch_id, now)
             self._fail_batches([dispatch], _worker_lost(dispatch.worker_id, "no open stream"))
 
     def _trace_batch(self, dispatch: Dispatch, batch: worker_pb2.Batch) -> None:
@@ -262,7 +379,8 @@ class Driver:
 
     # -- worker events ------------------------------------------------------------------------------------
     def on_result(self, worker_id: str, result: worker_pb2.BatchResult) -> None:
-        """A worker answered a batch: learn from its timing, settle each of its requests."""
+        """A worker answered a batch: learn from its timing, settle each of its requests. A bug while
+        handling the answer fails that batch's requests, nothing else."""
         now = self.clock.now()
         dispatch = self.dispatcher.complete(result.batch_id, now)
         self._wake.set()
@@ -270,6 +388,17 @@ class Driver:
         if dispatch is None:
             log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
             return
+        try:
+            self._answered_batch(worker_id, dispatch, result, now)
+        except Exception as exc:
+            ids = [r.request_id for r in dispatch.requests]
+            log.exception("handling the answer to batch %d (requests %s) failed", dispatch.batch_id, ids)
+            self._fail_batches([dispatch], Internal(f"the router failed on this request's answer "
+                                                    f"({type(exc).__name__})"))  # fmt: skip
+
+    def _answered_batch(
+        self, worker_id: str, dispatch: Dispatch, result: worker_pb2.BatchResult, now: float
+    ) -> None:
         sent_at = self._dispatched_at.pop(dispatch.batch_id, now)
         self._end_batch_span(dispatch.batch_id)
         key = dispatch.lane
@@ -363,7 +492,7 @@ class Driver:
         if request.attempts > 1 or now >= request.latest_start or _pending(request).future.done():
             _settle(request, error)
             return
-        limits = LaneLimits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+        limits = self._limits(record)
         try:
             self._settle_all(self.dispatcher.resubmit(request, limits))
             self._metrics.redispatched.labels(record.name).inc()

@@ -86,6 +86,7 @@ class IdempotencyGate:
                 lease_s=lease_seconds(remaining_s),
                 wait_s=remaining_s,
                 clock=self._clock,
+                tenant=tenant,
             )
         except SluiceError as err:
             self._metrics.idempotency.labels(model, err.reason).inc()

@@ -26,12 +26,13 @@ from common.clock import Clock, MonotonicClock
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
 from common.metrics import MetricsEndpoint
-from common.pb.inference import grpc_service_pb2_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from common.pb.inference import grpc_service_pb2
+from common.pb.sluice.v1 import admin_pb2
 from common.telemetry import provider_from_environment, tracer
 from router.auditor import CacheAuditor
 from router.cache_gate import CacheGate
 from router.driver import Driver
+from router.edge import MalformedBodies, add_service
 from router.idempotency_gate import IdempotencyGate
 from router.live_stats import LiveStats
 from router.membership import Membership
@@ -46,6 +47,10 @@ from router.stores.redis_conn import RedisOptions, open_redis
 from router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
+
+INFERENCE_DESCRIPTOR = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+BATCH_OVERHEAD_BYTES = 64 * 1024
+"""Room kept in a worker-stream message for the batch's own framing (ids, names, trace context)."""
 
 # grpc-core cancels RPCs beyond 1,000 waiting for the Python handler (3,000 hard); raise the bounds so a
 # burst reaches admission control, which refuses it explicitly and cheaply with a retry hint.
@@ -70,7 +75,7 @@ class RouterServer:
         self.clock = clock or MonotonicClock()
         settings = config.router
         self.router_id = settings.router_id  # default chosen at start, once the port is known
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(config.admission.priority_levels)
         self.links = WorkerLinks()
         self.catalog = ModelCatalog()
         self.live = LiveStats()
@@ -82,6 +87,7 @@ class RouterServer:
             admission=config.admission,
             tenants=config.tenants,
             settings=settings,
+            max_batch_bytes=config.cluster.max_message_bytes - BATCH_OVERHEAD_BYTES,
             tracer=tracer(self.tracer_provider, "sluice.router"),
         )
         self.peers = PeerView(
@@ -102,6 +108,7 @@ class RouterServer:
             self.driver, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
         )
         self.health = HealthServicer()
+        self.malformed = MalformedBodies(self.clock)
         self.status = StatusLoop(
             driver=self.driver,
             catalog=self.catalog,
@@ -130,6 +137,8 @@ class RouterServer:
             cache=self.cache,
             idempotency=self.idempotency,
             live=self.live,
+            levels=self.config.admission.priority_levels,
+            malformed=self.malformed,
             tracer=tracer(self.tracer_provider, "sluice.router"),
         )
         admin = RouterAdminServicer(
@@ -143,8 +152,8 @@ class RouterServer:
             desired_workers=self.status.desired_workers,
             clock=self.clock,
         )
-        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
-        admin_pb2_grpc.add_RouterAdminServicer_to_server(admin, server)
+        add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed)
+        add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
@@ -243,7 +252,10 @@ def _cache_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> Res
 
 def _idempotency_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> IdempotencyStore:
     if redis is None:
-        return InProcessIdempotencyStore(max_records=config.idempotency.max_records, clock=clock)
+        idempotency = config.idempotency
+        return InProcessIdempotencyStore(
+            max_records=idempotency.max_records, max_bytes=idempotency.max_bytes, clock=clock
+        )
     return RedisIdempotencyStore(redis, prefix=config.redis.prefix, clock=clock)
 
 

@@ -9,12 +9,21 @@ from common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 UNKNOWN_TENANT = "unknown"
 """Label for requests rejected before their tenant was known (missing or unknown key)."""
+OTHER = "other"
+"""Label for any value outside a label's bounded set: a client can never mint new series."""
 
 
 class RouterMetrics:
-    """Every metric the router exports, on a registry of its own."""
+    """Every metric the router exports, on a registry of its own.
 
-    def __init__(self) -> None:
+    Label values come only from bounded sets: configured tenants, registered models, priority levels
+    1..`priority_levels`, reasons and codes named in code; anything else is `other`.
+    """
+
+    def __init__(self, priority_levels: int = 10) -> None:
+        self.priority_levels = priority_levels
+        self.tenants: frozenset[str] = frozenset()
+        """Configured tenant names (kept current by the router as configuration changes)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -118,7 +127,20 @@ class RouterMetrics:
             ["accepting"], registry=r,
         )  # fmt: skip
 
+    def tenant_label(self, tenant: str) -> str:
+        """A configured tenant's name, `unknown` before authentication, else `other`."""
+        if not tenant:
+            return UNKNOWN_TENANT
+        return tenant if tenant in self.tenants else OTHER
+
+    def priority_label(self, priority: int | None) -> str:
+        """A priority level 1..levels, `none` before it was known, else `other` (e.g. cache audits)."""
+        if priority is None:
+            return "none"
+        return str(priority) if 1 <= priority <= self.priority_levels else OTHER
+
     def rejected(self, error: SluiceError, tenant: str, priority: int | None) -> None:
         """Count a request that ended without a result (refused, shed, expired, failed)."""
-        label = str(priority) if priority is not None else "none"
-        self.rejections.labels(error.reason, error.code.name, tenant or UNKNOWN_TENANT, label).inc()
+        self.rejections.labels(
+            error.reason, error.code.name, self.tenant_label(tenant), self.priority_label(priority)
+        ).inc()

@@ -71,6 +71,7 @@ class PeerView:
         self._metrics = metrics
         self._clock = clock
         self.directory = TenantDirectory(configured, require_api_key=require_api_key)
+        metrics.tenants = frozenset(configured)
         self._in_force = dict(configured)
         self.routers = 1
         self._tasks: list[asyncio.Task[None]] = []
@@ -107,6 +108,7 @@ class PeerView:
         merged = merge_overrides(self._configured, snapshot, self._in_force)
         self._in_force = merged
         self.directory = TenantDirectory(merged, require_api_key=self._require_key)
+        self._metrics.tenants = frozenset(merged)
         self._driver.admission.set_tenants(merged, self._clock.now())
         if snapshot:
             log.info("tenant overrides from etcd applied: %s", ", ".join(sorted(snapshot)))

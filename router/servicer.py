@@ -7,7 +7,9 @@ boundary once, in `common.grpc_errors.abort`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
@@ -15,7 +17,7 @@ from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
 from common.clock import Clock
 from common.config import RouterSettings
-from common.errors import Code, SluiceError, Unauthenticated
+from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unauthenticated
 from common.grpc_errors import abort
 from common.logs import REQUEST_ID
 from common.pb.inference import grpc_service_pb2 as kserve
@@ -25,6 +27,7 @@ from common.records import ModelRecord
 from common.telemetry import extract
 from router.cache_gate import CacheGate
 from router.codec import (
+    DecodeLimits,
     decode_infer_request,
     encode_infer_response,
     int_parameter,
@@ -32,13 +35,17 @@ from router.codec import (
     plain_parameters,
 )
 from router.driver import Driver
+from router.edge import Malformed, MalformedBodies
 from router.idempotency_gate import IDEMPOTENCY_HEADER, Claimed, IdempotencyGate
 from router.live_stats import LiveStats
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.peers import PeerView
+from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.tenants import TenantDirectory
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
@@ -49,6 +56,20 @@ _STATE = {
 }
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+@dataclass
+class _Call:
+    """How far one request got, so it is accounted once however it ends."""
+
+    start: float
+    model: str = "unknown"
+    """The resolved model name once known (a bounded label: registered models only)."""
+    tenant: str = ""
+    priority: int | None = None
+    held: int = 0
+    """Bytes held against the in-flight budget."""
+    claimed: Claimed | None = None
 
 
 class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
@@ -66,6 +87,8 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         cache: CacheGate,
         idempotency: IdempotencyGate,
         live: LiveStats,
+        levels: int,
+        malformed: MalformedBodies,
         tracer: Tracer | None = None,
     ) -> None:
         self._driver = driver
@@ -78,6 +101,10 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
+        self._bytes = ByteBudget(settings.max_inflight_bytes)
+        self._levels = levels
+        self._limits = DecodeLimits(settings.max_timeout_s, settings.max_message_bytes)
+        self._malformed = malformed
 
     async def ServerLive(
         self, request: kserve.ServerLiveRequest, context: Context
@@ -88,8 +115,9 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: kserve.ServerReadyRequest, context: Context
     ) -> kserve.ServerReadyResponse:
-        """Ready when at least one worker accepts batches."""
-        ready = any(w.accepting for w in self._driver.dispatcher.workers)
+        """Ready when the decision loop runs and at least one worker accepts batches."""
+        healthy = self._driver.healthy(self._clock.now())
+        ready = healthy and any(w.accepting for w in self._driver.dispatcher.workers)
         return kserve.ServerReadyResponse(ready=ready)
 
     async def ModelReady(
@@ -128,33 +156,47 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             await abort(context, err)
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[kserve.ModelInferRequest], context: Context
+        self, request_iterator: AsyncIterator[kserve.ModelInferRequest | Malformed], context: Context
     ) -> AsyncIterator[kserve.ModelStreamInferResponse]:
-        """Requests are served concurrently; responses come back in completion order."""
-        done: asyncio.Queue[kserve.ModelStreamInferResponse | None] = asyncio.Queue()
+        """Requests are served concurrently, at most `stream_max_inflight` at once: the stream is not read
+        further until an answer has been written (backpressure). Every request gets exactly one response,
+        its result or its error in-band, in completion order."""
+        answers: asyncio.Queue[kserve.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._settings.stream_max_inflight)
         tasks: set[asyncio.Task[None]] = set()
 
-        async def serve_one(request: kserve.ModelInferRequest) -> None:
+        async def serve_one(request: kserve.ModelInferRequest | Malformed) -> None:
+            answer = kserve.ModelStreamInferResponse()
             try:
+                if isinstance(request, Malformed):
+                    self._malformed.seen("inference.GRPCInferenceService/ModelStreamInfer", request)
+                    raise request.error()
                 response = await self._infer(request, context.time_remaining(), context.invocation_metadata())
-                await done.put(kserve.ModelStreamInferResponse(infer_response=response))
+                answer.infer_response.CopyFrom(response)
             except SluiceError as err:
-                echo = kserve.ModelInferResponse(model_name=request.model_name, id=request.id)
-                message = f"{err.code.name}: {err.message}"
-                await done.put(kserve.ModelStreamInferResponse(error_message=message, infer_response=echo))
+                _error_in_band(answer, request, err)
+            except Exception as exc:  # never leave a stream request unanswered, whatever failed
+                log.exception("stream request failed on an unexpected error")
+                _error_in_band(answer, request, Internal(f"internal error ({type(exc).__name__})"))
+            finally:
+                answers.put_nowait(answer)
 
         async def read_all() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(serve_one(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*list(tasks))
-            await done.put(None)
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(serve_one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                await asyncio.gather(*list(tasks))
+            finally:
+                answers.put_nowait(None)
 
         reader = asyncio.create_task(read_all())
         try:
-            while (item := await done.get()) is not None:
-                yield item
+            while (answer := await answers.get()) is not None:
+                yield answer
+                slots.release()
         finally:
             reader.cancel()
             for task in list(tasks):
@@ -197,60 +239,107 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         time_remaining: float | None,
         metadata: Iterable[tuple[str, Any]] | None,
     ) -> kserve.ModelInferResponse:
-        """authn → authz → validation → idempotency → cache → admission and the queue (DESIGN.md §1)."""
-        start = self._clock.now()
-        label, tenant_name, priority = "unknown", "", None
-        claimed: Claimed | None = None
+        """One request through the data plane, accounted once however it ends."""
+        call = _Call(self._clock.now())
         try:
-            tenant = self._tenants().authenticate(api_key(metadata))
-            tenant_name = tenant.name
-            priority = tenant.priority(int_parameter(request, "priority") or 0)
-            record = self._resolve(request.model_name, request.model_version)
-            label = record.name
-            TenantDirectory.authorize(tenant, record.name)
-            decoded = decode_infer_request(request, record)
-            budgets = [t for t in (time_remaining, decoded.timeout_s) if t is not None]
-            deadline = start + min(budgets or [self._settings.default_timeout_s])
-            parameters = plain_parameters(request)
-            key = metadata_value(metadata, IDEMPOTENCY_HEADER)
-            begun = await self._idempotency.begin(
-                key,
-                tenant.name,
-                request,
-                decoded=decoded,
-                parameters=parameters,
-                remaining_s=deadline - start,
-            )
-            if isinstance(begun, kserve.ModelInferResponse):
-                self._metrics.requests.labels(label, Code.OK.name).inc()
-                return begun
-            claimed = begun
-
-            async def execute() -> kserve.ModelInferResponse:
-                reply = await self._driver.infer(decoded, deadline, tenant, priority)
-                return encode_infer_response(decoded, reply.outputs, reply.served)
-
-            lookup = self._cache.lookup(tenant.name, record, decoded, parameters)
-            response = await self._cache.serve(lookup, record, decoded, execute)
-            if claimed is not None:
-                await self._idempotency.succeeded(claimed, response)
+            response = await self._run(call, request, time_remaining, metadata)
         except SluiceError as err:
-            if claimed is not None:
-                await self._idempotency.failed(claimed, err)
-            self._live.record(label, self._clock.now(), self._clock.now() - start, good=False)
-            self._metrics.requests.labels(label, err.code.name).inc()
-            self._metrics.rejected(err, tenant_name, priority)
+            if call.claimed is not None:
+                await self._idempotency.failed(call.claimed, err)
+            self._count_failure(call, err)
             raise
+        except Exception as exc:  # a bug must end this request with a status, and only this request
+            log.exception("request failed on an unexpected error")
+            if call.claimed is not None:
+                await self._idempotency.failed(call.claimed, None)
+            bug = Internal(f"internal error ({type(exc).__name__})", reason="internal")
+            self._count_failure(call, bug)
+            raise bug from exc
         except asyncio.CancelledError:
-            if claimed is not None:
-                await self._idempotency.failed(claimed, None)
-            self._metrics.requests.labels(label, Code.CANCELLED.name).inc()
+            if call.claimed is not None:
+                await self._idempotency.failed(call.claimed, None)
+            self._metrics.requests.labels(call.model, Code.CANCELLED.name).inc()
             raise
-        self._metrics.requests.labels(label, Code.OK.name).inc()
-        latency = self._clock.now() - start
-        self._metrics.request_latency.labels(label).observe(latency)
-        self._live.record(label, start + latency, latency, good=True)
+        finally:
+            self._bytes.release(call.held)
+        self._metrics.requests.labels(call.model, Code.OK.name).inc()
+        latency = self._clock.now() - call.start
+        self._metrics.request_latency.labels(call.model).observe(latency)
+        self._live.record(call.model, call.start + latency, latency, good=True)
         return response
+
+    async def _run(
+        self,
+        call: _Call,
+        request: kserve.ModelInferRequest,
+        time_remaining: float | None,
+        metadata: Iterable[tuple[str, Any]] | None,
+    ) -> kserve.ModelInferResponse:
+        """authn → in-flight bytes → validation and authz → idempotency → cache → admission and the queue
+        (DESIGN.md §1); `call` records how far it got."""
+        tenant = self._tenants().authenticate(api_key(metadata))
+        call.tenant = tenant.name
+        call.held += self._hold(request.ByteSize())
+        priority = call.priority = tenant.priority(int_parameter(request, "priority") or 0, self._levels)
+        record = self._resolve(request.model_name, request.model_version)
+        call.model = record.name
+        TenantDirectory.authorize(tenant, record.name)
+        decoded = decode_infer_request(request, record, self._limits)
+        call.held += self._hold(decoded.response_bytes)
+        deadline = call.start + self._time_allowed(time_remaining, decoded.timeout_s)
+        parameters = plain_parameters(request)
+        begun = await self._idempotency.begin(
+            metadata_value(metadata, IDEMPOTENCY_HEADER),
+            tenant.name,
+            request,
+            decoded=decoded,
+            parameters=parameters,
+            remaining_s=deadline - call.start,
+        )
+        if isinstance(begun, kserve.ModelInferResponse):
+            return begun
+        call.claimed = begun
+
+        async def execute() -> kserve.ModelInferResponse:
+            reply = await self._driver.infer(decoded, deadline, tenant, priority)
+            return encode_infer_response(decoded, reply.outputs, reply.served)
+
+        lookup = self._cache.lookup(tenant.name, record, decoded, parameters)
+        response = await self._cache.serve(lookup, record, decoded, execute)
+        if call.claimed is not None:
+            await self._idempotency.succeeded(call.claimed, response)
+            call.claimed = None  # settled: a retry replays it
+        if self._clock.now() > deadline:
+            # The promise is made here, so it is kept here: never OK after the deadline this router set.
+            raise DeadlineExceeded("the answer was ready only after the deadline", reason="finished_late")
+        return response
+
+    def _count_failure(self, call: _Call, err: SluiceError) -> None:
+        now = self._clock.now()
+        self._live.record(call.model, now, now - call.start, good=False)
+        self._metrics.requests.labels(call.model, err.code.name).inc()
+        self._metrics.rejected(err, call.tenant, call.priority)
+
+    def _hold(self, size: int) -> int:
+        """Count `size` bytes against the in-flight budget (RESOURCE_EXHAUSTED beyond it)."""
+        self._bytes.acquire(size)
+        return size
+
+    def _time_allowed(self, time_remaining: float | None, timeout_s: float | None) -> float:
+        """Seconds until the deadline: the earlier of the gRPC deadline and `parameters["timeout"]`, else
+        the default; never more than `max_timeout_s` (a request may only shorten the server's limit)."""
+        budgets = [t for t in (time_remaining, timeout_s) if t is not None]
+        return min(*(budgets or [self._settings.default_timeout_s]), self._settings.max_timeout_s)
+
+
+def _error_in_band(
+    answer: kserve.ModelStreamInferResponse, request: kserve.ModelInferRequest | Malformed, err: SluiceError
+) -> None:
+    """A stream answer carrying the error, echoing the request's model and id (cut short)."""
+    if isinstance(request, kserve.ModelInferRequest):
+        answer.infer_response.model_name = request.model_name[:256]
+        answer.infer_response.id = request.id[:256]
+    answer.error_message = f"{err.code.name}: {err.message}"
 
 
 def metadata_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:

@@ -1,9 +1,10 @@
-"""The router's periodic status pass: grpc.health.v1 statuses, queue and cache gauges, and the
-autoscaling signal, refreshed every `REFRESH_S` from the policy core's state (reads only)."""
+"""The router's periodic status pass: the watchdog of the decision loop, grpc.health.v1 statuses, queue
+and cache gauges, and the autoscaling signal, refreshed every `REFRESH_S` from the policy core's state."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
@@ -11,6 +12,7 @@ from grpc_health.v1._async import HealthServicer
 
 from common.clock import Clock
 from common.config import AutoscaleSettings
+from common.errors import Unavailable
 from common.pb.inference import grpc_service_pb2
 from router.cache_gate import CacheGate
 from router.driver import Driver
@@ -20,7 +22,11 @@ from router.peers import PeerView
 from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
 from router.policy.catalog import ModelCatalog
 
+log = logging.getLogger(__name__)
+
 REFRESH_S = 0.2
+CORE_STUCK_RETRY_S = 1.0
+"""Hint for requests failed by the watchdog: another router (or this one, restarted) can serve them."""
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -52,6 +58,8 @@ class StatusLoop:
         self._clock = clock
         self.autoscaler = Autoscaler(ScalingPolicy(**autoscale.model_dump()))
         self.desired: dict[str, int] = {}
+        self.core_stuck = False
+        """Set for good once the watchdog found the decision loop dead or stuck."""
         self.etcd_connected: Callable[[], bool] = lambda: False
         """Set by the router once its registration exists."""
         self._task: asyncio.Task[None] | None = None
@@ -72,20 +80,45 @@ class StatusLoop:
 
     async def _run(self) -> None:
         while True:
-            await self._set_health()
             now = self._clock.now()
-            self._export_queues(now)
-            self._export_cache()
-            self._export_desired(now)
+            try:
+                self._watch_core(now)
+                await self._set_health()
+                self._export_queues(now)
+                self._export_cache()
+                self._export_desired(now)
+            except Exception:  # a failing export must not stop health from being kept current
+                log.exception("the router's status pass failed")
             await asyncio.sleep(REFRESH_S)
+
+    def _watch_core(self, now: float) -> None:
+        """The watchdog: a decision loop that died or stopped ticking fails what it held, once, and the
+        router reports NOT_SERVING from then on so the orchestrator restarts it."""
+        if self.core_stuck or self._driver.healthy(now):
+            return
+        self.core_stuck = True
+        log.critical(
+            "the router's decision loop has not run for %.1f s or has died: failing every request it "
+            "holds and reporting NOT_SERVING",
+            now - self._driver.last_tick,
+        )
+        self._driver.abandon(
+            Unavailable(
+                "the router's scheduler stopped; retry on another router",
+                reason="core_stuck",
+                retry_after_s=CORE_STUCK_RETRY_S,
+            )
+        )
 
     async def _set_health(self) -> None:
         dispatcher = self._driver.dispatcher
-        ready = any(w.accepting for w in dispatcher.workers)
+        ready = not self.core_stuck and any(w.accepting for w in dispatcher.workers)
         for service in ("", INFERENCE_SERVICE):
             await self._health.set(service, SERVING if ready else NOT_SERVING)
         for name in self._catalog.names():
-            model_ready = any(dispatcher.serves(name, v) for v in self._catalog.versions(name))
+            model_ready = not self.core_stuck and any(
+                dispatcher.serves(name, v) for v in self._catalog.versions(name)
+            )
             await self._health.set(f"model/{name}", SERVING if model_ready else NOT_SERVING)
 
     def _export_queues(self, now: float) -> None:

@@ -23,7 +23,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from common.errors import DeadlineExceeded, SluiceError, Unavailable
+from common.errors import DeadlineExceeded, Internal, SluiceError, Unavailable
 from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut
 from router.policy.breaker import CircuitBreaker
 from router.policy.estimators import ServiceEstimates
@@ -34,6 +34,10 @@ from router.policy.scheduler import Chooser, ExpectedCompletion, Job, WorkerPool
 # Retry hint for requests that find no worker serving their model: workers register within seconds.
 NO_WORKER_RETRY_S = 1.0
 MIN_RETRY_S = 0.01
+DEFAULT_HANG_AFTER_S = 5.0
+HANG_FACTOR = 10.0
+"""A worker is hung once it holds work this many times longer than that work was expected to take (and
+at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class Decision:
 
     dispatches: list[Dispatch] = field(default_factory=list)
     rejected: list[tuple[QueuedRequest, SluiceError]] = field(default_factory=list)
+    overdue: list[tuple[QueuedRequest, str]] = field(default_factory=list)
+    """Dispatched requests whose deadline passed before their worker answered, with that worker: the
+    shell ends them DEADLINE_EXCEEDED now and tells the worker to drop them."""
+    hung: list[str] = field(default_factory=list)
+    """Workers that hold batches and made no progress for too long: the shell treats them as lost."""
     wake_at: float | None = None
 
 
@@ -85,6 +94,7 @@ class Dispatcher:
         estimates: ServiceEstimates | None = None,
         bounds: QueueBounds | None = None,
         aging_s: float = math.inf,
+        hang_after_s: float = DEFAULT_HANG_AFTER_S,
     ) -> None:
         self.batcher = batcher or AdaptiveBatcher()
         self.chooser = chooser or ExpectedCompletion()
@@ -97,8 +107,11 @@ class Dispatcher:
         self.stats: dict[LaneKey, LaneStats] = {}
         self.in_flight: dict[int, Dispatch] = {}
         self.queued_bytes = 0
+        self.hang_after_s = hang_after_s
         self._where: dict[int, LaneKey] = {}
         self._latest: list[tuple[float, int]] = []
+        self._overdue: list[tuple[float, int]] = []
+        """(earliest deadline not yet passed, batch id) of dispatched batches, soonest first."""
         self._batch_ids = itertools.count(1)
 
     # -- events -------------------------------------------------------------------------------------------
@@ -166,7 +179,7 @@ class Dispatcher:
             self.queued_bytes -= request.size_bytes
         return request
 
-    def complete(self, batch_id: int, now: float = 0.0) -> Dispatch | None:
+    def complete(self, batch_id: int, now: float) -> Dispatch | None:
         """A worker answered a batch: free its slot, re-estimate when the worker will be free (what it
         still holds, from now: an estimate that ran late must not linger), and hand the batch back."""
         dispatch = self.in_flight.pop(batch_id, None)
@@ -210,13 +223,61 @@ class Dispatcher:
     def poll(self, now: float) -> Decision:
         """Expire, then cut every batch that should leave now; say when to look again."""
         decision = Decision(rejected=self._expire(now))
+        self._overdue_in_flight(now, decision)
+        self._hung_workers(now, decision)
         urgency = sorted(self.lanes.values(), key=lambda ln: (ln.earliest_latest_start() or now, ln.key))
         for lane in urgency:
-            self._drain_lane(lane, now, decision)
+            try:
+                self._drain_lane(lane, now, decision)
+            except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
+                decision.rejected.extend(self._fail_lane(lane, exc))
         for key in [k for k, lane in self.lanes.items() if not len(lane)]:
             del self.lanes[key]
         decision.wake_at = _earliest(decision.wake_at, self._next_latest_start())
         return decision
+
+    def _fail_lane(self, lane: Lane, exc: Exception) -> Rejections:
+        error = Internal(
+            f"the router failed to schedule this request ({type(exc).__name__})", reason="internal"
+        )
+        error.__cause__ = exc
+        failed: Rejections = []
+        for request in list(lane):
+            self.cancel(request.request_id)
+            failed.append((request, error))
+        return failed
+
+    def _overdue_in_flight(self, now: float, decision: Decision) -> None:
+        """Dispatched requests past their deadline end now, whether or not their worker ever answers.
+        One heap entry per batch, at the earliest deadline among its requests not yet overdue."""
+        while self._overdue and (self._overdue[0][0] <= now or self._overdue[0][1] not in self.in_flight):
+            _, batch_id = heapq.heappop(self._overdue)
+            dispatch = self.in_flight.get(batch_id)
+            if dispatch is None:
+                continue  # answered (or lost) already
+            later = [r.deadline for r in dispatch.requests if r.deadline > now]
+            decision.overdue.extend(
+                (r, dispatch.worker_id) for r in dispatch.requests if r.deadline <= now and not r.overdue
+            )
+            for request in dispatch.requests:
+                request.overdue = request.overdue or request.deadline <= now
+            if later:
+                heapq.heappush(self._overdue, (min(later), batch_id))
+        if self._overdue:
+            decision.wake_at = _earliest(decision.wake_at, self._overdue[0][0])
+
+    def _hung_workers(self, now: float, decision: Decision) -> None:
+        """A worker holding batches that answered none of them for `hang_after_s` — or ten times what they
+        were expected to take, if longer — is hung (a forward pass that never returns): lost."""
+        for slot in self.workers:
+            if not slot.in_flight_batches:
+                continue
+            held = sum(d.expected_s for d in self.in_flight.values() if d.worker_id == slot.worker_id)
+            stalled_at = slot.last_progress + max(self.hang_after_s, HANG_FACTOR * held)
+            if now >= stalled_at:
+                decision.hung.append(slot.worker_id)
+            else:
+                decision.wake_at = _earliest(decision.wake_at, stalled_at)
 
     def _drain_lane(self, lane: Lane, now: float, decision: Decision) -> None:
         key = lane.key
@@ -262,6 +323,7 @@ class Dispatcher:
             self.workers.reserve(worker.worker_id, dispatch.rows, now, expected)
             self.breaker.dispatched(worker.worker_id, now)
             self.in_flight[dispatch.batch_id] = dispatch
+            heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
             decision.dispatches.append(dispatch)
 
     def _reject_lane(self, lane: Lane) -> Rejections:

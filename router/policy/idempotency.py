@@ -38,6 +38,9 @@ from common.errors import Code, FailedPrecondition, InvalidArgument, Unavailable
 MAX_KEY_LENGTH = 255
 DEFAULT_RECORD_TTL_S = 24 * 3600.0
 DEFAULT_MAX_RECORDS = 100_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+RECORD_OVERHEAD_BYTES = 256
+"""Python objects around one in-process record (tuple, dataclass, dict and order entries), roughly."""
 DEFAULT_LEASE_MARGIN_S = 2.0
 STORE_DOWN_RETRY_S = 1.0
 MAX_STORED_MESSAGE = 1024
@@ -105,6 +108,8 @@ class Ticket:
     scoped_key: str
     fingerprint: str
     token: str
+    tenant: str = ""
+    """Whose record it is: the in-process table bounds each tenant's share of its bytes."""
 
 
 @dataclass(frozen=True)
@@ -333,38 +338,65 @@ class TableCounters:
     evictions: int = 0
 
 
-class IdempotencyTable:
-    """Records of one process: bounded in count, expired by `until`. Pure; the in-process store drives it.
+def record_bytes(scoped_key: str, record: Record) -> int:
+    """What a record costs in memory: its key, fingerprint, owner and stored outcome, plus bookkeeping."""
+    outcome = record.outcome
+    payload = 0
+    if isinstance(outcome, StoredResponse):
+        payload = len(outcome.response_bytes) + len(outcome.model_version)
+    elif isinstance(outcome, StoredError):
+        payload = len(outcome.message)
+    return RECORD_OVERHEAD_BYTES + len(scoped_key) + len(record.fingerprint) + len(record.owner) + payload
 
-    When full, the record written longest ago is evicted (counted): records share one TTL, so that is the
-    one closest to expiry. Evicting a live record forgets a key early, which only loses deduplication for
-    it; in-flight records are few (bounded by in-flight quotas) next to `max_records`.
+
+class IdempotencyTable:
+    """Records of one process, expired by `until` and bounded in count and in bytes, with per-tenant
+    shares. Pure; the in-process store drives it.
+
+    When a write would exceed a bound, the oldest record of the tenant holding the most bytes is evicted
+    (counted), again until it fits: a tenant is only ever evicted while no other tenant holds more, so each
+    of T active tenants keeps at least `max_bytes / T` — one tenant's stream of large responses cannot push
+    out another's records. Evicting a live record forgets a key early, which only loses deduplication for
+    it; in-flight records are small and few (bounded by in-flight quotas). A record larger than the whole
+    budget is not kept (`complete` returns False), so a later duplicate executes again.
     """
 
-    def __init__(self, max_records: int = DEFAULT_MAX_RECORDS) -> None:
-        if max_records < 1:
-            raise ValueError("max_records must be >= 1")
+    def __init__(self, max_records: int = DEFAULT_MAX_RECORDS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError("max_records and max_bytes must be >= 1")
         self.max_records = max_records
+        self.max_bytes = max_bytes
         self.counters = TableCounters()
-        self._records: OrderedDict[str, Record] = OrderedDict()
+        self.bytes = 0
+        self._records: dict[str, tuple[Record, str, int]] = {}
+        """scoped key → (record, tenant, bytes)"""
+        self._order: dict[str, OrderedDict[str, None]] = {}
+        """tenant → its scoped keys, oldest write first"""
+        self._tenant_bytes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._records)
 
+    def tenant_bytes(self, tenant: str) -> int:
+        """Bytes held by one tenant's records."""
+        return self._tenant_bytes.get(tenant, 0)
+
     def lookup(self, scoped_key: str, now: float) -> Record | None:
         """The live record under `scoped_key`, dropping it if dead."""
-        record = self._records.get(scoped_key)
-        if record is not None and not is_live(record, now):
-            del self._records[scoped_key]
+        entry = self._records.get(scoped_key)
+        if entry is None:
+            return None
+        if not is_live(entry[0], now):
+            self._drop(scoped_key)
             self.counters.expired += 1
             return None
-        return record
+        return entry[0]
 
     def claim(self, ticket: Ticket, now: float, lease_s: float) -> Decision:
         """Decide, and on Proceed write the in-flight record."""
         decision = decide(self.lookup(ticket.scoped_key, now), ticket=ticket, now=now)
         if isinstance(decision, Proceed):
-            self._write(ticket.scoped_key, in_flight(ticket, now, lease_s), now)
+            self._write(ticket, in_flight(ticket, now, lease_s), now)
             self.counters.claims += 1
         elif isinstance(decision, Conflict):
             self.counters.conflicts += 1
@@ -375,31 +407,58 @@ class IdempotencyTable:
         return decision
 
     def complete(self, ticket: Ticket, outcome: StoredOutcome, now: float, ttl_s: float) -> bool:
-        """Store the outcome if `may_complete`; whether it was stored."""
+        """Store the outcome if `may_complete` and it fits the byte budget; whether it was stored."""
         if not may_complete(self.lookup(ticket.scoped_key, now), ticket, now):
             return False
-        self._write(ticket.scoped_key, completed(ticket, outcome, now, ttl_s), now)
-        return True
+        return self._write(ticket, completed(ticket, outcome, now, ttl_s), now)
 
     def release(self, ticket: Ticket, now: float) -> bool:
         """Delete the owner's in-flight record if `may_release`; whether it was deleted."""
         if not may_release(self.lookup(ticket.scoped_key, now), ticket, now):
             return False
-        del self._records[ticket.scoped_key]
+        self._drop(ticket.scoped_key)
         return True
 
-    def _write(self, scoped_key: str, record: Record, now: float) -> None:
-        self._records.pop(scoped_key, None)
-        self._drop_dead_front(now)
-        while len(self._records) >= self.max_records:
-            self._records.popitem(last=False)
-            self.counters.evictions += 1
-        self._records[scoped_key] = record
+    def _write(self, ticket: Ticket, record: Record, now: float) -> bool:
+        key, tenant = ticket.scoped_key, ticket.tenant
+        size = record_bytes(key, record)
+        if key in self._records:
+            self._drop(key)
+        if size > self.max_bytes:
+            return False
+        self._drop_dead_front(tenant, now)
+        while self._records and (
+            len(self._records) >= self.max_records or self.bytes + size > self.max_bytes
+        ):
+            self._evict_from_heaviest()
+        self._records[key] = (record, tenant, size)
+        self._order.setdefault(tenant, OrderedDict())[key] = None
+        self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + size
+        self.bytes += size
+        return True
 
-    def _drop_dead_front(self, now: float) -> None:
-        while self._records:
-            key, record = next(iter(self._records.items()))
-            if is_live(record, now):
+    def _evict_from_heaviest(self) -> None:
+        heaviest = max(self._tenant_bytes, key=lambda name: (self._tenant_bytes[name], name))
+        oldest = next(iter(self._order[heaviest]))
+        self._drop(oldest)
+        self.counters.evictions += 1
+
+    def _drop(self, scoped_key: str) -> None:
+        _, tenant, size = self._records.pop(scoped_key)
+        order = self._order[tenant]
+        del order[scoped_key]
+        self._tenant_bytes[tenant] -= size
+        self.bytes -= size
+        if not order:
+            del self._order[tenant], self._tenant_bytes[tenant]
+
+    def _drop_dead_front(self, tenant: str, now: float) -> None:
+        """Drop the tenant's expired records from the front of its write order (records share one TTL)."""
+        order = self._order.get(tenant)
+        while order:
+            key = next(iter(order))
+            if is_live(self._records[key][0], now):
                 return
-            del self._records[key]
+            self._drop(key)
             self.counters.expired += 1
+            order = self._order.get(tenant)

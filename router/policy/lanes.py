@@ -49,6 +49,9 @@ class LaneLimits:
     max_wait_s: float
     max_batch_cost: int | None = None
     """Cap on a batch's summed request costs (padded elements, e.g. tokens), besides the row count."""
+    max_batch_bytes: int | None = None
+    """Cap on a batch's summed request `wire_bytes`, so a batch and its result fit one message to and from
+    the worker (the cluster's message limit)."""
 
 
 @dataclass(eq=False)
@@ -67,10 +70,14 @@ class QueuedRequest:
     size_bytes: int = 0
     cost: int = 1
     """Rows times the padded variable-dim length: what `max_batch_cost` counts."""
+    wire_bytes: int = 0
+    """Its inputs plus its expected outputs on the worker stream: what `max_batch_bytes` counts."""
     attempts: int = 1
     """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
     """The last moment its batch may start and still finish by the deadline (admission sets it)."""
+    overdue: bool = False
+    """Dispatched, and its deadline passed before the worker answered: it has been ended already."""
 
     def __post_init__(self) -> None:
         self.latest_start = min(self.latest_start, self.deadline)
@@ -184,22 +191,24 @@ class Lane:
         return request
 
     def pop_batch(self, now: float) -> list[QueuedRequest]:
-        """Take requests in serving order while their rows fit `max_batch_size` and their costs fit
-        `max_batch_cost` (always at least one)."""
+        """Take requests in serving order while their rows fit `max_batch_size`, their costs
+        `max_batch_cost` and their bytes `max_batch_bytes` (always at least one)."""
         batch: list[QueuedRequest] = []
-        rows = cost = 0
-        cost_cap = self.limits.max_batch_cost
+        rows = cost = size = 0
+        cost_cap, bytes_cap = self.limits.max_batch_cost, self.limits.max_batch_bytes
         while self._requests:
             request = self.pop_next(now)
             assert request is not None
             too_many = rows + request.rows > self.limits.max_batch_size
             too_costly = cost_cap is not None and cost + request.cost > cost_cap
-            if batch and (too_many or too_costly):
+            too_big = bytes_cap is not None and size + request.wire_bytes > bytes_cap
+            if batch and (too_many or too_costly or too_big):
                 self._requeue(request)
                 break
             batch.append(request)
             rows += request.rows
             cost += request.cost
+            size += request.wire_bytes
         return batch
 
     def _requeue(self, request: QueuedRequest) -> None:

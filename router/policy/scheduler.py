@@ -36,6 +36,9 @@ class WorkerSlot:
     in_flight_rows: int = field(default=0)
     busy_until: float = 0.0
     """When the batches already sent to it are expected to be done."""
+    last_progress: float = 0.0
+    """When it last answered a batch, or took work while idle: a worker holding work that makes no
+    progress for too long is hung."""
 
     @property
     def has_free_slot(self) -> bool:
@@ -160,17 +163,20 @@ class WorkerPool:
         """Accepting workers that have this model version loaded."""
         return [w for w in self._workers.values() if w.accepting and (model, version) in w.models]
 
-    def reserve(self, worker_id: str, rows: int, now: float = 0.0, seconds: float = 0.0) -> None:
+    def reserve(self, worker_id: str, rows: int, now: float, seconds: float) -> None:
         """Account for a batch sent to the worker, expected to run for `seconds`."""
         slot = self._workers[worker_id]
+        if not slot.in_flight_batches:
+            slot.last_progress = now
         slot.in_flight_batches += 1
         slot.in_flight_rows += rows
         slot.busy_until = max(slot.busy_until, now) + seconds
 
-    def release(self, worker_id: str, rows: int, now: float = 0.0) -> None:
+    def release(self, worker_id: str, rows: int, now: float) -> None:
         """Account for a batch answered (or lost) by the worker; an idle worker is free from `now`."""
         slot = self._workers.get(worker_id)
         if slot is not None:
+            slot.last_progress = now
             slot.in_flight_batches -= 1
             slot.in_flight_rows -= rows
             if not slot.in_flight_batches:

@@ -38,11 +38,12 @@ class Tenant:
         """Whether the tenant may call `model`."""
         return any(fnmatchcase(model, pattern) for pattern in self.settings.models)
 
-    def priority(self, requested: int) -> int:
-        """The effective priority: 0 → default; better than the entitlement → capped."""
-        if requested < 0:
+    def priority(self, requested: int, levels: int) -> int:
+        """The effective priority: 0 → default; better than the entitlement → capped. Anything outside
+        0..levels is refused, so queue levels and metric labels stay a bounded set."""
+        if not 0 <= requested <= levels:
             raise InvalidArgument(
-                f'parameters["priority"] must be ≥ 0, got {requested}', reason="bad_priority"
+                f'parameters["priority"] must be in 0..{levels}, got {requested}', reason="bad_priority"
             )
         wanted = requested or self.settings.default_priority
         return max(wanted, self.settings.max_priority)

@@ -40,6 +40,7 @@ from redis.exceptions import WatchError
 from common.clock import Clock, MonotonicClock
 from common.errors import DeadlineExceeded, Unavailable
 from router.policy.idempotency import (
+    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
     DEFAULT_RECORD_TTL_S,
     Conflict,
@@ -70,9 +71,9 @@ log = logging.getLogger(__name__)
 _WATCH_ATTEMPTS = 5
 
 
-def new_ticket(scoped_key: str, fingerprint: str) -> Ticket:
+def new_ticket(scoped_key: str, fingerprint: str, tenant: str) -> Ticket:
     """A claim attempt with a fresh random owner token."""
-    return Ticket(scoped_key=scoped_key, fingerprint=fingerprint, token=secrets.token_hex(16))
+    return Ticket(scoped_key=scoped_key, fingerprint=fingerprint, token=secrets.token_hex(16), tenant=tenant)
 
 
 @dataclass
@@ -104,8 +105,8 @@ class IdempotencyStore(Protocol):
 
     stats: IdempotencyStats
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float) -> Decision:
-        """Proceed (now the owner for `lease_s`), Wait, Replay or Conflict."""
+    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
+        """Proceed (now the owner for `lease_s`), Wait, Replay or Conflict; `tenant` owns the record."""
         ...
 
     async def complete(
@@ -136,6 +137,7 @@ async def acquire(
     lease_s: float,
     wait_s: float,
     clock: Clock,
+    tenant: str = "",
 ) -> Proceed | Replay:
     """Claim the key, waiting up to `wait_s` while another caller executes the same request.
 
@@ -145,7 +147,7 @@ async def acquire(
     """
     deadline = clock.now() + wait_s
     while True:
-        decision = await store.claim(scoped_key, fingerprint, lease_s)
+        decision = await store.claim(scoped_key, fingerprint, lease_s, tenant)
         if isinstance(decision, Proceed | Replay):
             return decision
         if isinstance(decision, Conflict):
@@ -162,17 +164,25 @@ async def acquire(
 
 
 class InProcessIdempotencyStore:
-    """Records in this process (bounded count, TTL); waiters woken by asyncio Events."""
+    """Records in this process (bounded in count and bytes with per-tenant shares, TTL); waiters woken by
+    asyncio Events."""
 
-    def __init__(self, *, max_records: int = DEFAULT_MAX_RECORDS, clock: Clock | None = None) -> None:
-        self.table = IdempotencyTable(max_records)
+    def __init__(
+        self,
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Clock | None = None,
+    ) -> None:
+        self.table = IdempotencyTable(max_records, max_bytes)
         self.stats = IdempotencyStats()
         self._clock = clock or MonotonicClock()
         self._changed: dict[str, asyncio.Event] = {}
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float) -> Decision:
+    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
         """See `IdempotencyStore.claim`."""
-        decision = self.table.claim(new_ticket(scoped_key, fingerprint), self._clock.now(), lease_s)
+        ticket = new_ticket(scoped_key, fingerprint, tenant)
+        decision = self.table.claim(ticket, self._clock.now(), lease_s)
         self.stats.count(decision)
         return decision
 
@@ -252,10 +262,11 @@ class RedisIdempotencyStore:
         """The Redis key (and pub/sub channel) of a record."""
         return f"{self._prefix}idem:{scoped_key}"
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float) -> Decision:
-        """One atomic SET NX PX GET; see `IdempotencyStore.claim`. Unavailable when Redis is down."""
+    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
+        """One atomic SET NX PX GET; see `IdempotencyStore.claim`. Unavailable when Redis is down (Redis
+        bounds its memory itself: `maxmemory` with a TTL-aware eviction policy, docs/security.md)."""
         self._check_up()
-        ticket = new_ticket(scoped_key, fingerprint)
+        ticket = new_ticket(scoped_key, fingerprint, tenant)
         value = encode_record(in_flight(ticket, 0.0, lease_s))
         try:
             old = await self._redis.set(

@@ -104,7 +104,7 @@ def test_byte_bound_evicts_across_lanes() -> None:
 def test_queued_request_is_dropped_when_it_can_no_longer_meet_its_deadline() -> None:
     admission = make()
     dispatcher = admission.dispatcher
-    dispatcher.workers.reserve("w", 1)  # the only worker is busy: the lane cannot drain
+    dispatcher.workers.reserve("w", 1, 0.0, 0.0)  # the only worker is busy: the lane cannot drain
     request = req(0.0, timeout=0.5)
     admission.admit(request, LIMITS, 0.0)
     decision = dispatcher.poll(0.0)
@@ -144,7 +144,7 @@ def test_batcher_cuts_before_the_tightest_budget_runs_out() -> None:
     admission = make()
     dispatcher = admission.dispatcher
     dispatcher.worker_joined("w", {("m", "1")}, capacity=2)
-    dispatcher.workers.reserve("w", 1)  # one slot free, worker not idle: no work-conserving cut
+    dispatcher.workers.reserve("w", 1, 0.0, 0.0)  # one slot free, worker not idle: no work-conserving cut
     patient = LaneLimits(max_batch_size=4, max_wait_s=10.0)
     request = req(0.0, timeout=0.100)
     admission.admit(request, patient, 0.0)

@@ -9,7 +9,7 @@ from common.errors import Code, SluiceError
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
-from router.codec import ServedBy, decode_infer_request, encode_infer_response
+from router.codec import DecodeLimits, ServedBy, decode_infer_request, encode_infer_response
 
 RECORD = ModelRecord(
     name="mlp",
@@ -126,3 +126,69 @@ def test_variable_lengths_share_the_lane_of_their_bucket_and_cost_padded_element
     assert (short.cost, longer.cost) == (16, 32)
     with pytest.raises(SluiceError, match="largest bucket"):
         decode_infer_request(tokens_request(33), ENCODER)
+
+
+# ---------------------------------------------------------------- edge bounds (hostile input is input)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [("uint64_param", 2**64 - 1), ("int64_param", 0), ("int64_param", -5), ("int64_param", 300_000_001)],
+)
+def test_timeout_outside_its_range_is_invalid_argument(kind: str, value: int) -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    setattr(request.parameters["timeout"], kind, value)
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(request, RECORD, DecodeLimits(max_timeout_s=300.0))
+    assert caught.value.code == Code.INVALID_ARGUMENT and caught.value.reason == "bad_timeout"
+
+
+def test_timeout_at_the_limit_is_accepted() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    request.parameters["timeout"].uint64_param = 300_000_000
+    assert decode_infer_request(request, RECORD, DecodeLimits(max_timeout_s=300.0)).timeout_s == 300.0
+
+
+def test_an_output_requested_twice_is_invalid_argument_and_costs_nothing() -> None:
+    request = raw_request(np.zeros((1, 4), "<f4"))
+    for _ in range(200_000):
+        request.outputs.add(name="output")
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(request, RECORD)
+    assert caught.value.code == Code.INVALID_ARGUMENT and caught.value.reason == "duplicate_outputs"
+
+
+def test_a_response_over_the_message_limit_is_refused_before_any_work() -> None:
+    wide = RECORD.model_copy(
+        update={"outputs": (TensorSpec(name="output", datatype="FP32", dims=(1024, 1024)),)}
+    )
+    request = raw_request(np.zeros((8, 4), "<f4"))  # 8 rows x 4 MiB of outputs = 32 MiB
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(request, wide, DecodeLimits(max_response_bytes=16 * 1024 * 1024))
+    assert caught.value.code == Code.INVALID_ARGUMENT and caught.value.reason == "response_too_large"
+    small = decode_infer_request(raw_request(np.zeros((2, 4), "<f4")), wide)
+    assert small.response_bytes >= 2 * 4 * 1024 * 1024
+
+
+def test_integer_inputs_outside_their_declared_range_are_invalid_argument() -> None:
+    ranged = ENCODER.model_copy(
+        update={"inputs": (TensorSpec(name="tokens", datatype="INT64", dims=(-1,), range=(0, 999)),)}
+    )
+    ok = tokens_request(4)
+    assert decode_infer_request(ok, ranged).rows == 1
+    for bad in (1000, -1, 2**62):
+        request = kserve.ModelInferRequest(model_name="encoder")
+        request.inputs.add(name="tokens", datatype="INT64", shape=[1, 3])
+        request.raw_input_contents.append(np.array([[1, bad, 2]], "<i8").tobytes())
+        with pytest.raises(SluiceError) as caught:
+            decode_infer_request(request, ranged)
+        assert caught.value.code == Code.INVALID_ARGUMENT and caught.value.reason == "out_of_range"
+
+
+def test_a_hostile_shape_gets_a_short_message() -> None:
+    request = kserve.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1] * 100_000)
+    request.raw_input_contents.append(b"")
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(request, RECORD)
+    assert caught.value.code == Code.INVALID_ARGUMENT and len(caught.value.message) < 300

@@ -180,6 +180,49 @@ def test_dead_records_are_dropped_before_live_ones_are_evicted() -> None:
     assert table.lookup("long", now=2) is not None
 
 
+def stored(table: IdempotencyTable, tenant: str, key: str, size: int, now: float) -> bool:
+    """Claim and complete one record of about `size` response bytes for `tenant`."""
+    owner = Ticket(scoped_key=scoped_key(tenant, key), fingerprint="fp", token=key, tenant=tenant)
+    assert isinstance(table.claim(owner, now=now, lease_s=10), Proceed)
+    return table.complete(owner, StoredResponse(b"x" * size, "1"), now=now, ttl_s=1000)
+
+
+def test_the_table_is_bounded_in_bytes() -> None:
+    table = IdempotencyTable(max_bytes=100_000)
+    for i in range(50):
+        assert stored(table, "gold", f"k{i}", 10_000, now=i)
+    assert table.bytes <= 100_000 and len(table) < 10
+    assert table.counters.evictions > 40
+    assert table.lookup(scoped_key("gold", "k49"), now=50) is not None  # the newest stays
+
+
+def test_a_heavy_tenant_cannot_evict_a_light_tenants_records() -> None:
+    table = IdempotencyTable(max_bytes=200_000)
+    for i in range(5):
+        assert stored(table, "light", f"k{i}", 2_000, now=i)
+    light = table.tenant_bytes("light")
+    for i in range(200):  # a stream of large responses, far beyond the whole budget
+        stored(table, "heavy", f"k{i}", 20_000, now=10 + i)
+    assert table.tenant_bytes("light") == light  # every light record is still there
+    assert all(table.lookup(scoped_key("light", f"k{i}"), now=300) is not None for i in range(5))
+    assert table.bytes <= 200_000
+
+
+def test_each_of_two_busy_tenants_keeps_half_the_budget() -> None:
+    table = IdempotencyTable(max_bytes=400_000)
+    for i in range(300):
+        for tenant in ("a", "b"):
+            stored(table, tenant, f"k{i}", 5_000, now=i)
+    assert table.bytes <= 400_000
+    assert min(table.tenant_bytes("a"), table.tenant_bytes("b")) >= 400_000 // 2 - 10_000
+
+
+def test_a_record_larger_than_the_budget_is_not_kept() -> None:
+    table = IdempotencyTable(max_bytes=50_000)
+    assert not stored(table, "gold", "huge", 60_000, now=0)
+    assert table.lookup(scoped_key("gold", "huge"), now=1) is None and table.bytes == 0
+
+
 def test_same_key_string_in_two_tenants_is_two_records() -> None:
     table = IdempotencyTable()
     gold, silver = scoped_key("gold", "k"), scoped_key("silver", "k")

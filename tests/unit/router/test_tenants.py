@@ -41,9 +41,9 @@ def test_models_outside_the_globs_are_permission_denied() -> None:
 
 def test_priority_defaults_and_is_capped_not_rejected() -> None:
     bronze = TenantDirectory({"bronze": BRONZE}).authenticate("bronze-key")
-    assert bronze.priority(0) == 3
-    assert bronze.priority(1) == 2  # asked above its entitlement: capped
-    assert bronze.priority(5) == 5
+    assert bronze.priority(0, 10) == 3
+    assert bronze.priority(1, 10) == 2  # asked above its entitlement: capped
+    assert bronze.priority(5, 10) == 5
 
 
 def test_config_rejects_raw_keys_and_inverted_priorities() -> None:
@@ -51,3 +51,10 @@ def test_config_rejects_raw_keys_and_inverted_priorities() -> None:
         TenantSettings(api_keys=["plain-text-key"])
     with pytest.raises(ValueError, match="default_priority"):
         TenantSettings(default_priority=1, max_priority=2)
+
+
+def test_priorities_outside_the_configured_levels_are_invalid_argument() -> None:
+    bronze = TenantDirectory({"bronze": BRONZE}).authenticate("bronze-key")
+    assert bronze.priority(10, 10) == 10
+    for hostile in (11, 12_345, 2**63 - 1, -1):
+        assert code_of(lambda p=hostile: bronze.priority(p, 10)) == Code.INVALID_ARGUMENT

@@ -1,0 +1,106 @@
+"""The router's wire edge: how request bodies become messages, and what happens when they cannot.
+
+gRPC's generated registration parses a body with `FromString` inside grpc itself: a body that does not
+parse ends the call with UNKNOWN and an ERROR log line with a traceback, per body — a cheap way for anyone
+to flood the logs. Here every method of a service is registered from its descriptor with a deserializer
+that never raises: a body that does not parse becomes `Malformed`, which unary methods answer with
+INVALID_ARGUMENT (through the one error boundary) and `ModelStreamInfer` answers in-band; the count is
+logged at most once per `MALFORMED_LOG_INTERVAL_S`.
+
+Invariant: no servicer method ever sees a body it has to re-check for parse errors except as `Malformed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+
+from common.clock import Clock
+from common.errors import InvalidArgument
+from common.grpc_errors import abort
+from common.logs import LogThrottle
+
+log = logging.getLogger(__name__)
+
+MALFORMED_LOG_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request body that is not a valid message of the method's request type."""
+
+    size: int
+    why: str
+
+    def error(self) -> InvalidArgument:
+        """What the caller is told."""
+        return InvalidArgument(
+            f"the request body ({self.size} bytes) is not a valid protobuf message: {self.why}",
+            reason="malformed_body",
+        )
+
+
+class MalformedBodies:
+    """Counts malformed bodies and logs them at most once per interval, whatever their rate."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._log = LogThrottle(log, MALFORMED_LOG_INTERVAL_S, clock)
+
+    def seen(self, method: str, body: Malformed) -> None:
+        """Note one malformed body."""
+        self._log.warning("malformed request bodies (latest: %s, %d bytes)", method, body.size)
+
+
+def _deserializer(message_class: type[Message]) -> Callable[[bytes], Message | Malformed]:
+    def parse(raw: bytes) -> Message | Malformed:
+        try:
+            return message_class.FromString(raw)
+        except DecodeError as exc:
+            return Malformed(len(raw), str(exc)[:200])
+
+    return parse
+
+
+def _unary(
+    behavior: Callable[[Any, Any], Any], method: str, bodies: MalformedBodies
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Malformed):
+            bodies.seen(method, request)
+            await abort(context, request.error())
+        return await behavior(request, context)
+
+    return guarded
+
+
+def _handler(
+    method: MethodDescriptor, servicer: object, bodies: MalformedBodies
+) -> grpc.RpcMethodHandler[Any, Any]:
+    behavior = getattr(servicer, method.name)
+    parse = _deserializer(GetMessageClass(method.input_type))
+    serialize = GetMessageClass(method.output_type).SerializeToString
+    if method.client_streaming and method.server_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            behavior, request_deserializer=parse, response_serializer=serialize
+        )
+    if method.client_streaming or method.server_streaming:
+        raise ValueError(f"{method.full_name}: only unary and bidirectional methods are served")
+    return grpc.unary_unary_rpc_method_handler(
+        _unary(behavior, method.full_name, bodies), request_deserializer=parse, response_serializer=serialize
+    )
+
+
+def add_service(
+    server: grpc.aio.Server, service: ServiceDescriptor, servicer: object, bodies: MalformedBodies
+) -> None:
+    """Serve every method of `service` from `servicer` with non-raising deserializers."""
+    handlers = {method.name: _handler(method, servicer, bodies) for method in service.methods}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

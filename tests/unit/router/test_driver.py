@@ -1,0 +1,222 @@
+"""The asyncio driver with fake worker links: a bug fails only the requests it concerns, deadlines hold after
+dispatch, a hung worker is treated as lost, and a dead decision loop is noticed by the watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from common.clock import MonotonicClock
+from common.config import (
+    AdmissionSettings,
+    AutoscaleSettings,
+    CacheSettings,
+    EtcdSettings,
+    RouterSettings,
+    TenantSettings,
+)
+from common.errors import Code, SluiceError
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.sluice.v1 import worker_pb2
+from common.records import ModelRecord, TensorSpec
+from router.cache_gate import CacheGate
+from router.codec import DecodedRequest, decode_infer_request
+from router.driver import Driver
+from router.live_stats import LiveStats
+from router.metrics import RouterMetrics
+from router.peers import PeerView
+from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from router.policy.catalog import ModelCatalog
+from router.policy.lanes import Lane
+from router.policy.tenants import Tenant
+from router.status import StatusLoop
+from router.stores.cache_store import ResultCacheStore
+from router.worker_link import WorkerLink, WorkerLinks
+from tests.support.processes import eventually
+
+RECORD = ModelRecord(
+    name="mlp",
+    version="1",
+    digest="sha256:00",
+    platform="torch_export",
+    max_batch_size=8,
+    max_wait_s=0.0,
+    inputs=(TensorSpec(name="input", datatype="FP32", dims=(4,)),),
+    outputs=(TensorSpec(name="output", datatype="FP32", dims=(2,)),),
+)
+TENANT = Tenant("gold", TenantSettings(rate=1e6, burst=10**6, max_inflight=10**6))
+
+
+class FakeLink(WorkerLink):
+    """The router's end of a stream, without the stream: records what is sent; answers if told to."""
+
+    def __init__(self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0) -> None:
+        super().__init__(worker_id, "unused:0", lambda *_: None, lambda *_: None)
+        self.driver = driver
+        self.fail_sends = fail_sends
+        self.sent: list[worker_pb2.RouterMessage] = []
+        self.closed_by_router = False
+
+    def send(self, message: worker_pb2.RouterMessage) -> bool:
+        if message.HasField("batch") and self.fail_sends:
+            self.fail_sends -= 1
+            raise RuntimeError("the stream's writer blew up")
+        self.sent.append(message)
+        if message.HasField("batch") and self.driver is not None:
+            self._answer(message.batch)
+        return True
+
+    def _answer(self, batch: worker_pb2.Batch) -> None:
+        result = worker_pb2.BatchResult(batch_id=batch.batch_id, executed_size=len(batch.items))
+        for item in batch.items:
+            out = worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\0" * 8)
+            result.items.add(item_id=item.item_id, outputs=[out])
+        driver = self.driver
+        assert driver is not None
+        asyncio.get_running_loop().call_soon(driver.on_result, self.worker_id, result)
+
+    async def close(self) -> None:
+        self.closed_by_router = True
+
+    def cancelled_items(self) -> list[int]:
+        return [i for m in self.sent if m.HasField("cancel") for i in m.cancel.item_ids]
+
+
+def decoded() -> DecodedRequest:
+    request = kserve.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(np.zeros((1, 4), "<f4").tobytes())
+    return decode_infer_request(request, RECORD)
+
+
+def make_driver(links: WorkerLinks, worker_hang_s: float = 5.0) -> Driver:
+    return Driver(
+        MonotonicClock(),
+        links,
+        RouterMetrics(),
+        admission=AdmissionSettings(),
+        tenants={TENANT.name: TENANT.settings},
+        settings=RouterSettings(worker_hang_s=worker_hang_s),
+        batcher=TimerBatcher(),
+    )
+
+
+def join(driver: Driver, *worker_ids: str) -> None:
+    for worker_id in worker_ids:
+        driver.worker_joined(worker_id, {("mlp", "1")}, capacity=2)
+        driver.worker_accepting(worker_id, True)
+
+
+@pytest.fixture
+async def links() -> AsyncIterator[WorkerLinks]:
+    yield WorkerLinks()
+
+
+async def infer(driver: Driver, timeout_s: float = 5.0) -> Code:
+    try:
+        await driver.infer(decoded(), driver.clock.now() + timeout_s, TENANT, 1)
+    except SluiceError as err:
+        return err.code
+    return Code.OK
+
+
+async def test_a_batch_that_cannot_be_sent_fails_alone_and_the_loop_goes_on(links: WorkerLinks) -> None:
+    driver = make_driver(links)
+    links.add(FakeLink("w1", driver, fail_sends=1))
+    join(driver, "w1")
+    driver.start()
+    try:
+        assert await infer(driver) == Code.INTERNAL
+        assert [await infer(driver) for _ in range(3)] == [Code.OK] * 3
+        assert driver.healthy(driver.clock.now())
+    finally:
+        await driver.stop()
+
+
+async def test_a_dispatched_request_ends_at_its_deadline_and_the_worker_is_told_to_drop_it(
+    links: WorkerLinks,
+) -> None:
+    driver = make_driver(links)
+    silent = FakeLink("w1")  # takes the batch, never answers
+    links.add(silent)
+    join(driver, "w1")
+    driver.start()
+    try:
+        started = driver.clock.now()
+        assert await infer(driver, timeout_s=0.3) == Code.DEADLINE_EXCEEDED
+        assert driver.clock.now() - started < 0.3 + 0.25  # stated tolerance: one loop pass on a busy box
+        sent = [m.batch.items[0].item_id for m in silent.sent if m.HasField("batch")]
+        assert silent.cancelled_items() == sent
+    finally:
+        await driver.stop()
+
+
+async def test_a_worker_that_hangs_is_treated_as_lost_and_its_request_runs_elsewhere(
+    links: WorkerLinks,
+) -> None:
+    driver = make_driver(links, worker_hang_s=0.2)
+    hung, healthy = FakeLink("w1"), FakeLink("w2")
+    links.add(hung)
+    links.add(healthy)
+    join(driver, "w1")
+    driver.start()
+    try:
+        pending = asyncio.ensure_future(infer(driver, timeout_s=5.0))
+        await eventually(lambda: bool(hung.sent), 2.0, "a batch sent to w1")
+        healthy.driver = driver
+        join(driver, "w2")
+        assert await pending == Code.OK
+        assert hung.closed_by_router
+        assert "w1" not in driver.dispatcher.workers
+    finally:
+        await driver.stop()
+
+
+class _Fatal(BaseException):
+    """Escapes every `except Exception`: what kills a task outright."""
+
+
+class _DeadlyBatcher(TimerBatcher):
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        raise _Fatal
+
+
+async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
+    links: WorkerLinks,
+) -> None:
+    clock = MonotonicClock()
+    metrics = RouterMetrics()
+    tenants = {TENANT.name: TENANT.settings}
+    driver = Driver(clock, links, metrics, tenants=tenants, batcher=_DeadlyBatcher())
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    health = HealthServicer()
+    store = ResultCacheStore(capacity_bytes=1024, ttl_s=1.0, clock=clock)
+    status = StatusLoop(
+        driver=driver,
+        catalog=ModelCatalog(),
+        peers=PeerView(
+            EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics, clock=clock
+        ),
+        cache=CacheGate(store, CacheSettings(), metrics),
+        live=LiveStats(),
+        metrics=metrics,
+        health=health,
+        autoscale=AutoscaleSettings(),
+        clock=clock,
+    )
+    driver.start()
+    status.start()
+    try:
+        assert await infer(driver) == Code.UNAVAILABLE  # failed by the watchdog, not left hanging
+        assert status.core_stuck and not driver.healthy(clock.now())
+        check = await health.Check(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
+        assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await status.stop()
+        await driver.stop()
