@@ -38,6 +38,7 @@ from router.live_stats import LiveStats
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.peers import PeerView
+from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
@@ -109,6 +110,7 @@ class RouterServer:
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
+        self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
             catalog=self.catalog,
@@ -116,6 +118,7 @@ class RouterServer:
             cache=self.cache,
             live=self.live,
             metrics=self.metrics,
+            inflight_bytes=self.inflight_bytes,
             health=self.health,
             autoscale=config.autoscale,
             clock=self.clock,
@@ -139,6 +142,7 @@ class RouterServer:
             live=self.live,
             levels=self.config.admission.priority_levels,
             malformed=self.malformed,
+            inflight_bytes=self.inflight_bytes,
             tracer=tracer(self.tracer_provider, "sluice.router"),
         )
         admin = RouterAdminServicer(

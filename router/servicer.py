@@ -89,6 +89,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         live: LiveStats,
         levels: int,
         malformed: MalformedBodies,
+        inflight_bytes: ByteBudget,
         tracer: Tracer | None = None,
     ) -> None:
         self._driver = driver
@@ -101,7 +102,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
-        self._bytes = ByteBudget(settings.max_inflight_bytes)
+        self._bytes = inflight_bytes
         self._levels = levels
         self._limits = DecodeLimits(settings.max_timeout_s, settings.max_message_bytes)
         self._malformed = malformed

@@ -20,6 +20,7 @@ from router.live_stats import LiveStats
 from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
+from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class StatusLoop:
         cache: CacheGate,
         live: LiveStats,
         metrics: RouterMetrics,
+        inflight_bytes: ByteBudget,
         health: HealthServicer,
         autoscale: AutoscaleSettings,
         clock: Clock,
@@ -54,6 +56,7 @@ class StatusLoop:
         self._cache = cache
         self._live = live
         self._metrics = metrics
+        self._inflight_bytes = inflight_bytes
         self._health = health
         self._clock = clock
         self.autoscaler = Autoscaler(ScalingPolicy(**autoscale.model_dump()))
@@ -137,6 +140,7 @@ class StatusLoop:
                 self._metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
                 self._metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
         self._metrics.queued_bytes.set(dispatcher.queued_bytes)
+        self._metrics.inflight_bytes.set(self._inflight_bytes.used)
         self._metrics.in_flight_batches.set(len(dispatcher.in_flight))
         accepting = sum(1 for w in dispatcher.workers if w.accepting)
         self._metrics.workers.labels("true").set(accepting)

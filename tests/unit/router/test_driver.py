@@ -31,6 +31,7 @@ from router.live_stats import LiveStats
 from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.lanes import Lane
 from router.policy.tenants import Tenant
@@ -206,6 +207,7 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
         cache=CacheGate(store, CacheSettings(), metrics),
         live=LiveStats(),
         metrics=metrics,
+        inflight_bytes=ByteBudget(1024 * 1024),
         health=health,
         autoscale=AutoscaleSettings(),
         clock=clock,
