@@ -176,8 +176,8 @@ class AdmissionSettings(_Section):
     """Bucket size of the global limit."""
     lane_max_queued: int = Field(default=1000, ge=1)
     """Most requests one lane (model, version, shape) may hold queued."""
-    max_queued_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
-    """Most input bytes all lanes together may hold queued."""
+    max_queued_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """Most input bytes all lanes together may hold queued (part of `router.max_inflight_bytes`)."""
     aging_s: float = Field(default=2.0, gt=0)
     """A queued request competes one priority level higher per `aging_s` waited, so low priorities never
     starve."""
@@ -206,7 +206,7 @@ class CacheSettings(_Section):
 
     enabled: bool = True
     """Master switch for this router."""
-    memory_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    memory_bytes: int = Field(default=128 * 1024 * 1024, ge=0)
     """Tier 1: this router's in-memory LRU, bounded in bytes."""
     ttl_s: float = Field(default=3600.0, gt=0)
     """How long an entry lives (both tiers)."""
@@ -286,6 +286,25 @@ class SluiceConfig(_Section):
                 "a client may send must fit into a batch to a worker"
             )
         return self
+
+
+ROUTER_BASELINE_BYTES = 128 * 1024 * 1024
+"""A router's resident memory with nothing in flight (measured ≈ 70 MB: Python, gRPC, numpy, protobuf)."""
+CONCURRENT_RECEIVES = 4
+"""Request bodies counted as being received at once, each up to `router.max_message_bytes`, before their
+size is charged to the in-flight budget (headroom; docs/security.md explains the assumption)."""
+
+
+def router_memory_bound(config: SluiceConfig) -> dict[str, int]:
+    """The documented upper bound of a router's memory, by component (bytes). Queued inputs are part of
+    the in-flight budget; the idempotency table counts only when records are kept in-process (no Redis)."""
+    return {
+        "baseline": ROUTER_BASELINE_BYTES,
+        "in-flight requests": config.router.max_inflight_bytes,
+        "receives": CONCURRENT_RECEIVES * config.router.max_message_bytes,
+        "result cache": config.cache.memory_bytes if config.cache.enabled else 0,
+        "idempotency records": 0 if config.redis.url else config.idempotency.max_bytes,
+    }
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

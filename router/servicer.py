@@ -286,7 +286,8 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         call.model = record.name
         TenantDirectory.authorize(tenant, record.name)
         decoded = decode_infer_request(request, record, self._limits)
-        call.held += self._hold(decoded.response_bytes)
+        # What the request holds besides its body: the decoded inputs, the worker's answer and the response.
+        call.held += self._hold(decoded.input_bytes + 2 * decoded.response_bytes)
         deadline = call.start + self._time_allowed(time_remaining, decoded.timeout_s)
         parameters = plain_parameters(request)
         begun = await self._idempotency.begin(
