@@ -37,6 +37,7 @@ from cli.certs import has_dev_certs, write_dev_certs
 from common.config import ConfigError, load_config
 
 PR_SET_PDEATHSIG = 1
+TOKEN_ENV = "SLUICE_CLUSTER__TOKEN_FILE"
 STOP_TIMEOUT_S = 35.0
 
 
@@ -162,6 +163,7 @@ class ClusterEnv:
         self.common: dict[str, str] = {}
         self.router: dict[str, str] = {}
         self.worker: dict[str, str] = {}
+        self.token_file: Path | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = getattr(args, "config", None)
         cluster = load_config(config_path).cluster
@@ -174,7 +176,8 @@ class ClusterEnv:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_urlsafe(32))
-        self.common["SLUICE_CLUSTER__TOKEN_FILE"] = str(path)
+        self.common[TOKEN_ENV] = str(path)
+        self.token_file = path
 
     def _use_tls(self, certs: Path) -> None:
         if not has_dev_certs(certs):
@@ -350,6 +353,11 @@ def run_local_cluster(args: argparse.Namespace) -> int:
             f"  metrics  http://localhost:{args.metrics_port}/metrics\n"
             f"  etcd     127.0.0.1:{args.etcd_port}{' (TLS)' if tls else ''}\n"
             + (f"  certs    {env.certs} (development CA: ca.pem)\n" if env.certs else "")
+            + (
+                f"  token    {env.token_file} (cluster token; `sluice drain` wants {TOKEN_ENV}=<it>)\n"
+                if env.token_file
+                else ""
+            )
             + (
                 f"  redis    127.0.0.1:{args.redis_port} (shared cache, idempotency keys)\n"
                 if args.redis_port

@@ -294,7 +294,13 @@ class LeasedKey:
 
     async def _revoke_lease(self, lease_id: int) -> None:
         client = await self._ensure_client()
-        await client.revoke_lease(lease_id)
+        try:
+            await client.revoke_lease(lease_id)
+        except aetcd.exceptions.UnauthenticatedError:
+            # The client's etcd auth token expired while idle: a fresh client authenticates again.
+            await self._drop_client()
+            client = await self._ensure_client()
+            await client.revoke_lease(lease_id)
 
     async def _ensure_client(self) -> aetcd.Client:
         if self._client is None:

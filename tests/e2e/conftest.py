@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,13 @@ class Cluster:
     def addr(self) -> str:
         """The router's gRPC address."""
         return f"127.0.0.1:{self.port}"
+
+    def token_env(self) -> dict[str, str]:
+        """Environment giving a CLI command this cluster's router ↔ worker token (from `sluice up`'s
+        banner), as an operator would set it for `sluice drain`."""
+        found = re.search(r"token +(\S+) ", (self.log_dir / "up.log").read_text())
+        assert found, "sluice up printed no token file"
+        return {"SLUICE_CLUSTER__TOKEN_FILE": found.group(1)}
 
     def pids(self) -> list[int]:
         """Every process of this cluster (they all carry its etcd port on their command line)."""
