@@ -169,7 +169,7 @@ class ClusterEnv:
         cluster = load_config(config_path).cluster
         if self.tls:
             self._use_tls(getattr(args, "certs", None) or run_dir / "certs")
-        elif not cluster.tls and cluster.token is None:
+        elif not cluster.tls and cluster.token_value() is None:
             self._use_token(run_dir / "cluster-token")
 
     def _use_token(self, path: Path) -> None:

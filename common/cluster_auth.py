@@ -37,10 +37,8 @@ class ClusterClient:
         self._server_name = settings.server_name
         self.max_message_bytes = settings.max_message_bytes
         """The message limit both ends of the hop agree on."""
-        token = settings.token
-        self.metadata: tuple[tuple[str, str], ...] = (
-            () if token is None else ((TOKEN_HEADER, token.get_secret_value()),)
-        )
+        token = settings.token_value()
+        self.metadata: tuple[tuple[str, str], ...] = () if token is None else ((TOKEN_HEADER, token),)
         """Metadata to send on every call to a worker."""
 
     def channel(self, addr: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -35,6 +36,15 @@ class ConfigError(Exception):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _secret_from(value: SecretStr | None, path: Path | None, key: str) -> SecretStr | None:
+    """The secret given inline (`value`) or in the file at `path`, not both; ValueError naming `key`."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ValueError(f"set {key.removesuffix('_file')} or {key}, not both")
+    return read_secret(path, key)
 
 
 def read_secret(path: Path, key: str) -> SecretStr:
@@ -88,6 +98,7 @@ class EtcdSettings(_Section):
     """Password of `username`; prefer `password_file`. Never logged."""
     password_file: Path | None = None
     """File holding the password (read once at start; a trailing newline is ignored)."""
+    _password: SecretStr | None = PrivateAttr(default=None)
 
     @field_validator("prefix")
     @classmethod
@@ -99,13 +110,14 @@ class EtcdSettings(_Section):
     @model_validator(mode="after")
     def _credentials_agree(self) -> EtcdSettings:
         _pair(self.cert_file, self.key_file)
-        if self.password_file is not None:
-            if self.password is not None:
-                raise ValueError("set password or password_file, not both")
-            self.password = read_secret(self.password_file, "password_file")
-        if (self.username is None) != (self.password is None):
+        self._password = _secret_from(self.password, self.password_file, "password_file")
+        if (self.username is None) != (self._password is None):
             raise ValueError("username and password (or password_file) go together")
         return self
+
+    def password_value(self) -> str | None:
+        """The etcd password, from `password` or `password_file`."""
+        return None if self._password is None else self._password.get_secret_value()
 
     @property
     def uses_tls(self) -> bool:
@@ -293,20 +305,22 @@ class RedisSettings(_Section):
     """PEM client certificate, for a server started with `tls-auth-clients yes` (with `key_file`)."""
     key_file: Path | None = None
     """PEM private key of `cert_file`."""
+    _password: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _credentials_agree(self) -> RedisSettings:
         _pair(self.cert_file, self.key_file)
-        if self.password_file is not None:
-            if self.password is not None:
-                raise ValueError("set password or password_file, not both")
-            self.password = read_secret(self.password_file, "password_file")
+        self._password = _secret_from(self.password, self.password_file, "password_file")
         files = (self.ca_file, self.cert_file)
         if any(f is not None for f in files) and not (self.url or "").startswith("rediss://"):
             raise ValueError("ca_file, cert_file and key_file need a rediss:// url")
         if self.url and "@" in self.url.split("://", 1)[-1].split("/", 1)[0]:
             raise ValueError("url: put credentials in username/password(_file), not in the URL")
         return self
+
+    def password_value(self) -> str | None:
+        """The AUTH password, from `password` or `password_file`."""
+        return None if self._password is None else self._password.get_secret_value()
 
 
 class CacheSettings(_Section):
@@ -382,17 +396,15 @@ class ClusterSettings(_Section):
     """File holding `token` (a mounted Kubernetes Secret), read once at start."""
     accepted_tokens: list[SecretStr] = []
     """Tokens workers accept besides `token`: during a rotation, the old one (docs/security.md)."""
+    _token: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _credentials_agree(self) -> ClusterSettings:
         tls_files = (self.cert_file, self.key_file, self.ca_file)
         if any(f is not None for f in tls_files) and not all(f is not None for f in tls_files):
             raise ValueError("mTLS needs all three of cert_file, key_file and ca_file")
-        if self.token_file is not None:
-            if self.token is not None:
-                raise ValueError("set token or token_file, not both")
-            self.token = read_secret(self.token_file, "token_file")
-        for secret in (self.token, *self.accepted_tokens):
+        self._token = _secret_from(self.token, self.token_file, "token_file")
+        for secret in (self._token, *self.accepted_tokens):
             if secret is not None and len(secret.get_secret_value()) < MIN_TOKEN_CHARS:
                 raise ValueError(f"cluster tokens must have at least {MIN_TOKEN_CHARS} characters")
         return self
@@ -402,10 +414,14 @@ class ClusterSettings(_Section):
         """Whether the hop uses mTLS."""
         return self.ca_file is not None
 
+    def token_value(self) -> str | None:
+        """The token this process presents, from `token` or `token_file`."""
+        return None if self._token is None else self._token.get_secret_value()
+
     def accepted(self) -> list[str]:
         """Every token a worker accepts (empty: no token check)."""
-        secrets = [self.token, *self.accepted_tokens] if self.token is not None else self.accepted_tokens
-        return [s.get_secret_value() for s in secrets]
+        mine = [] if self._token is None else [self._token]
+        return [s.get_secret_value() for s in (*mine, *self.accepted_tokens)]
 
 
 class SluiceConfig(_Section):

@@ -137,7 +137,7 @@ def new_client(settings: EtcdSettings, host: str, port: int) -> aetcd.Client:
         port,
         credentials=credentials,
         username=settings.username,
-        password=None if settings.password is None else settings.password.get_secret_value(),
+        password=settings.password_value(),
         timeout=RPC_TIMEOUT_S,
         options=_CHANNEL_OPTIONS,
     )

@@ -252,7 +252,7 @@ def _redis_options(config: SluiceConfig) -> RedisOptions:
     return RedisOptions(
         url=redis.url,
         username=redis.username,
-        password=None if redis.password is None else redis.password.get_secret_value(),
+        password=redis.password_value(),
         ca_file=redis.ca_file,
         cert_file=redis.cert_file,
         key_file=redis.key_file,
