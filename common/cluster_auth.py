@@ -20,6 +20,8 @@ from common.config import ClusterSettings, ConfigError
 from common.tls import channel_credentials, server_credentials
 
 TOKEN_HEADER = "sluice-cluster-token"
+PLACEHOLDER_PREFIX = "REPLACE-ME"
+"""deploy/base/cluster-token.env ships a token starting with this: a worker refuses to run with it."""
 
 
 class ClusterClient:
@@ -70,6 +72,11 @@ def require_worker_credentials(settings: ClusterSettings) -> None:
             "cluster: a worker needs mTLS (cluster.cert_file, key_file, ca_file) or a shared token "
             "(cluster.token or cluster.token_file) so it runs only batches from routers; "
             "`sluice up` makes one per run (docs/security.md)"
+        )
+    if any(token.startswith(PLACEHOLDER_PREFIX) for token in settings.accepted()):
+        raise ConfigError(
+            "cluster.token: still the placeholder from deploy/base/cluster-token.env; "
+            "set a random one (openssl rand -hex 32)"
         )
 
 
