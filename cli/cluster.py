@@ -154,6 +154,11 @@ def _workers_accepting(metrics_port: int, expected: int) -> bool:
     return False
 
 
+def etcd_tls_flags(certs: Path) -> list[str]:
+    """etcd serving TLS on its client port with the `sluice certs dev` certificate in `certs`."""
+    return ["--cert-file", str(certs / "etcd.pem"), "--key-file", str(certs / "etcd-key.pem")]
+
+
 class ClusterEnv:
     """The environment each kind of child gets: the hop credentials of this run (token or TLS)."""
 
@@ -207,14 +212,7 @@ class ClusterEnv:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-cluster", f"sluice-local=http://127.0.0.1:{peer}",
         ]  # fmt: skip
-        if self.certs is not None:
-            flags += [
-                "--cert-file",
-                str(self.certs / "etcd.pem"),
-                "--key-file",
-                str(self.certs / "etcd-key.pem"),
-            ]
-        return flags
+        return flags + ([] if self.certs is None else etcd_tls_flags(self.certs))
 
     @property
     def ca_file(self) -> Path | None:

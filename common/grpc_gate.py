@@ -11,12 +11,12 @@ handler that aborts still reads the whole message first (16 key-less 60 MB bodie
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
 
-from common.errors import SluiceError
+from common.errors import PermissionDenied, SluiceError, Unauthenticated
 from common.grpc_errors import abort
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
@@ -57,3 +57,31 @@ def refusal(handler: Handler, err: SluiceError) -> Handler:
         await abort(context, err)
 
     return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+CallCheck: TypeAlias = Callable[[str, Any], None]
+"""`check(method, invocation_metadata)`: returns when the call may proceed, raises Unauthenticated or
+PermissionDenied when not."""
+
+
+class GateInterceptor(grpc.aio.ServerInterceptor):
+    """Applies a `CallCheck` to every call: the method's own handler when it passes, else a `refusal`
+    (nothing of the request is read). Methods the server does not have stay UNIMPLEMENTED."""
+
+    def __init__(self, check: CallCheck) -> None:
+        self._check = check
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        """Pass or refuse one call, before its request is read."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        try:
+            self._check(handler_call_details.method, handler_call_details.invocation_metadata)
+        except (Unauthenticated, PermissionDenied) as err:
+            return refusal(handler, err)
+        return handler

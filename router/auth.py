@@ -10,20 +10,19 @@ Key-less local mode — no tenant has API keys, no admin key is configured and `
 is false — leaves admin open, as a laptop's `sluice up` needs. The tenant directory is read per call, so
 etcd tenant overrides that add keys close it at once.
 
-The interceptor only refuses (common/grpc_gate.py: nothing of a refused body is read) or hands the call
-to its handler; the handler authenticates again for what it needs (tenant quotas, model permissions), so
-this gate holds whatever handler a method has.
+`check_call` runs in `common.grpc_gate.GateInterceptor`, which only refuses (nothing of a refused body is
+read) or hands the call to its handler; the handler authenticates again for what it needs (tenant quotas,
+model permissions), so this gate holds whatever handler a method has.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
-
-import grpc
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from common.errors import PermissionDenied, Unauthenticated
-from common.grpc_gate import Handler, is_open, refusal
+from common.grpc_gate import is_open
 from router.policy.tenants import TenantDirectory, hash_api_key
 from router.servicer import api_key
 
@@ -47,6 +46,10 @@ class AccessPolicy:
         self._directory = directory
         self._admin_keys = list(admin_keys)
         self._require_key = require_api_key
+
+    def check_call(self, method: str, metadata: Any) -> None:
+        """`check` with the key taken from the call's `authorization` metadata (a `CallCheck`)."""
+        self.check(method, api_key(metadata))
 
     def check(self, method: str, key: str | None) -> None:
         """Return when `key` (None: no key presented) may call `method`."""
@@ -84,26 +87,3 @@ class AccessPolicy:
                 f"tenant {tenant.name!r} has no admin role: admin RPCs need an admin key",
                 reason="not_admin",
             )
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Applies an `AccessPolicy` to every call, refusing before the request body is read."""
-
-    def __init__(self, policy: AccessPolicy) -> None:
-        self._policy = policy
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        """The method's own handler when the caller may call it; else one that refuses unread."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        try:
-            key = api_key(handler_call_details.invocation_metadata)
-            self._policy.check(handler_call_details.method, key)
-        except (Unauthenticated, PermissionDenied) as err:
-            return refusal(handler, err)
-        return handler

@@ -26,13 +26,14 @@ from common.clock import Clock, MonotonicClock
 from common.cluster_auth import ClusterClient
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
+from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
 from common.pb.inference import grpc_service_pb2_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
 from common.telemetry import provider_from_environment, tracer
 from common.tls import server_credentials
 from router.auditor import CacheAuditor
-from router.auth import AccessPolicy, AuthInterceptor
+from router.auth import AccessPolicy
 from router.cache_gate import CacheGate
 from router.driver import Driver
 from router.idempotency_gate import IdempotencyGate
@@ -172,7 +173,7 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
-            interceptors=[AuthInterceptor(self.access)],
+            interceptors=[GateInterceptor(self.access.check_call)],
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,

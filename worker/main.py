@@ -25,11 +25,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from common.cluster_auth import TokenCheck, require_worker_credentials, worker_server_credentials
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, worker_key
+from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
 from common.telemetry import provider_from_environment, tracer
-from worker.auth import ClusterTokenInterceptor
+from worker.auth import ClusterTokenGate
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
 from worker.gpu_metrics import GpuSampler
@@ -125,7 +126,7 @@ class WorkerProcess:
         """The gRPC server: message limits the routers' agree with, and the token gate if configured."""
         check = TokenCheck(self.config.cluster.accepted())
         return grpc.aio.server(
-            interceptors=[ClusterTokenInterceptor(check)] if check.enabled else [],
+            interceptors=[GateInterceptor(ClusterTokenGate(check))] if check.enabled else [],
             options=[
                 *SERVER_OPTIONS,
                 ("grpc.max_send_message_length", max_message_bytes),

@@ -4,7 +4,6 @@ with `ssl=True`, `sluice health --tls`, then Ctrl-C stops every process."""
 
 from __future__ import annotations
 
-import signal
 import stat
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cli.cluster import free_port
-from tests.support.processes import find_pids, wait_until
+from tests.e2e.conftest import interrupt
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -75,11 +75,4 @@ def test_sluice_up_tls_end_to_end(demo_repo: Path, tmp_path: Path) -> None:
         )
         assert cli_infer.returncode == 0, cli_infer.stderr
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    wait_until(lambda: not find_pids(f"127.0.0.1:{etcd_port}"), 10, "every cluster process to exit")
-    assert code == 0, log.read_text()
+        interrupt(process, etcd_port, log)

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cli.cluster import etcd_binary, free_port
+from cli.cluster import etcd_binary, etcd_tls_flags, free_port
 from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 15.0
@@ -114,12 +114,7 @@ class EtcdServer(ServerProcess):
     def _security_flags(self) -> list[str]:
         flags = []
         if self.certs is not None:
-            flags += [
-                "--cert-file",
-                str(self.certs / "etcd.pem"),
-                "--key-file",
-                str(self.certs / "etcd-key.pem"),
-            ]
+            flags += etcd_tls_flags(self.certs)
         if self.auth_token_ttl_s is not None:
             flags += ["--auth-token-ttl", str(self.auth_token_ttl_s)]
         return flags
