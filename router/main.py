@@ -97,6 +97,8 @@ class RouterServer:
             clock=self.clock,
         )
         cluster = ClusterClient(config.cluster)
+        if not config.cluster.tls and config.cluster.token_value() is None:
+            log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
         self.membership = Membership(
             config.etcd, settings, self.driver, self.links, self.catalog, cluster=cluster
         )
