@@ -127,12 +127,16 @@ async def open_channels(target: str, count: int, timeout_s: float) -> list[grpc.
 async def fetch_metadata(
     stub: kserve_grpc.GRPCInferenceServiceAsyncStub, scenario: Scenario
 ) -> dict[tuple[str, str], kserve.ModelMetadataResponse]:
-    """ModelMetadata once per (model, version) the scenario uses."""
+    """ModelMetadata once per (model, version) the scenario uses, asked with the key of a class that calls
+    it (a router that requires keys answers metadata only to tenants allowed to call the model)."""
     found = {}
+    keys = {(c.model, c.version): c.tenant_key for c in scenario.classes if c.tenant_key is not None}
     for key in sorted({(c.model, c.version) for c in scenario.classes}):
+        tenant_key = keys.get(key)
+        auth = () if tenant_key is None else (("authorization", f"Bearer {tenant_key}"),)
         try:
             found[key] = await stub.ModelMetadata(
-                kserve.ModelMetadataRequest(name=key[0], version=key[1]), timeout=10
+                kserve.ModelMetadataRequest(name=key[0], version=key[1]), timeout=10, metadata=auth
             )
         except grpc.aio.AioRpcError as exc:
             code = EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC

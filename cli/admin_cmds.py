@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from cli.connect import add_connection_flags, aio_channel, channel, metadata
 from common.config import SluiceConfig
 from common.etcd import ROUTERS, EtcdUnavailable, open_client
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
@@ -27,18 +28,22 @@ def add_admin_parsers(
     top.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     top.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
+    add_connection_flags(top)
 
     tenants = sub.add_parser("tenants", help="tenants with their quotas and this router's usage")
     tenants.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
     tenants.add_argument("--json", action="store_true", help="print JSON")
+    add_connection_flags(tenants)
 
     cache = sub.add_parser("cache", help="result-cache administration")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True, parser_class=parser_class)
     purge = cache_sub.add_parser("purge", help="drop cached results of MODEL[:VERSION] on every live router")
     purge.add_argument("model", metavar="MODEL[:VERSION]")
     add_etcd_flags(purge)
+    add_connection_flags(purge)
     stats = cache_sub.add_parser("stats", help="cache counters of every live router")
     add_etcd_flags(stats)
+    add_connection_flags(stats)
 
 
 async def _router_addrs(config: SluiceConfig) -> dict[str, str]:
@@ -50,9 +55,9 @@ async def _router_addrs(config: SluiceConfig) -> dict[str, str]:
     return {kv.key.decode().rsplit("/", 1)[-1]: json.loads(kv.value)["addr"] for kv in found}
 
 
-async def cache_purge(config: SluiceConfig, target: str) -> int:
+async def cache_purge(config: SluiceConfig, args: argparse.Namespace) -> int:
     """Purge MODEL[:VERSION] on every router registered in etcd (each purges its memory; Redis once)."""
-    model, _, version = target.partition(":")
+    model, _, version = args.model.partition(":")
     try:
         routers = await _router_addrs(config)
     except EtcdUnavailable as exc:
@@ -63,10 +68,12 @@ async def cache_purge(config: SluiceConfig, target: str) -> int:
         return EXIT_CONNECTION
     failed = 0
     for router_id, addr in sorted(routers.items()):
-        async with grpc.aio.insecure_channel(addr) as channel:
+        async with aio_channel(args, addr) as opened:
             try:
-                reply = await admin_pb2_grpc.RouterAdminStub(channel).PurgeCache(
-                    admin_pb2.PurgeCacheRequest(model=model, version=version), timeout=10
+                reply = await admin_pb2_grpc.RouterAdminStub(opened).PurgeCache(
+                    admin_pb2.PurgeCacheRequest(model=model, version=version),
+                    timeout=10,
+                    metadata=metadata(args),
                 )
             except grpc.aio.AioRpcError as exc:
                 failed += 1
@@ -76,7 +83,7 @@ async def cache_purge(config: SluiceConfig, target: str) -> int:
     return EXIT_RPC if failed else EXIT_OK
 
 
-async def cache_stats(config: SluiceConfig) -> int:
+async def cache_stats(config: SluiceConfig, args: argparse.Namespace) -> int:
     """Print the cache counters of every live router."""
     try:
         routers = await _router_addrs(config)
@@ -87,9 +94,9 @@ async def cache_stats(config: SluiceConfig) -> int:
         f"{'ROUTER':<28} {'HITS':>8} {'MISSES':>8} {'BYPASS':>7} {'EVICT':>7} {'ENTRIES':>8} {'MB':>7} REDIS"
     )
     for router_id, addr in sorted(routers.items()):
-        async with grpc.aio.insecure_channel(addr) as channel:
-            stats = await admin_pb2_grpc.RouterAdminStub(channel).GetStats(
-                admin_pb2.GetStatsRequest(), timeout=5
+        async with aio_channel(args, addr) as opened:
+            stats = await admin_pb2_grpc.RouterAdminStub(opened).GetStats(
+                admin_pb2.GetStatsRequest(), timeout=5, metadata=metadata(args)
             )
         c = stats.cache
         redis = "down" if c.redis_down else "ok"
@@ -101,12 +108,13 @@ async def cache_stats(config: SluiceConfig) -> int:
     return EXIT_OK
 
 
-def tenants(addr: str, *, as_json: bool) -> int:
+def tenants(args: argparse.Namespace) -> int:
     """Print tenant quotas and usage."""
-    with grpc.insecure_channel(addr) as channel:
+    as_json = args.json
+    with channel(args, args.addr) as opened:
         try:
-            reply = admin_pb2_grpc.RouterAdminStub(channel).ListTenants(
-                admin_pb2.ListTenantsRequest(), timeout=5
+            reply = admin_pb2_grpc.RouterAdminStub(opened).ListTenants(
+                admin_pb2.ListTenantsRequest(), timeout=5, metadata=metadata(args)
             )
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -163,18 +171,19 @@ def _frame(stats: admin_pb2.RouterStats, workers: admin_pb2.ListWorkersResponse)
     return "\n".join(lines)
 
 
-def top(addr: str, interval: float, *, once: bool) -> int:
+def top(args: argparse.Namespace) -> int:
     """Refresh a live view until Ctrl-C (or one frame with --once)."""
-    with grpc.insecure_channel(addr) as channel:
-        stub = admin_pb2_grpc.RouterAdminStub(channel)
+    once, auth = args.once, metadata(args)
+    with channel(args, args.addr) as opened:
+        stub = admin_pb2_grpc.RouterAdminStub(opened)
         try:
             while True:
-                stats = stub.GetStats(admin_pb2.GetStatsRequest(), timeout=5)
-                workers = stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5)
+                stats = stub.GetStats(admin_pb2.GetStatsRequest(), timeout=5, metadata=auth)
+                workers = stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5, metadata=auth)
                 print(("" if once else CLEAR) + _frame(stats, workers), flush=True)
                 if once:
                     return EXIT_OK
-                time.sleep(interval)
+                time.sleep(args.interval)
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
@@ -185,9 +194,9 @@ def top(addr: str, interval: float, *, once: bool) -> int:
 def run_admin(args: argparse.Namespace, config: SluiceConfig) -> int:
     """Dispatch top / tenants / cache."""
     if args.command == "top":
-        return top(args.addr, args.interval, once=args.once)
+        return top(args)
     if args.command == "tenants":
-        return tenants(args.addr, as_json=args.json)
+        return tenants(args)
     if args.cache_command == "purge":
-        return asyncio.run(cache_purge(config, args.model))
-    return asyncio.run(cache_stats(config))
+        return asyncio.run(cache_purge(config, args))
+    return asyncio.run(cache_stats(config, args))

@@ -3,6 +3,11 @@
 Children run in their own session so a terminal's Ctrl-C reaches only `sluice up`, which then stops them
 in order: workers first (SIGTERM → drain → exit 0), then the router, then etcd. If `sluice up` itself is
 killed, the kernel sends each child SIGTERM (PR_SET_PDEATHSIG), so nothing outlives it.
+
+The router ↔ worker hop is always authenticated (docs/security.md): by default with a random token made
+for this run (a 0600 file in the run's folder, removed at exit); with `--tls`, with mTLS from development
+certificates (`sluice certs dev`), and the client port and etcd speak TLS too. A `--config` that already
+sets cluster credentials keeps them.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-import grpc
-
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from cli.certs import has_dev_certs, write_dev_certs
+from common.config import ConfigError, load_config
 
 PR_SET_PDEATHSIG = 1
+TOKEN_ENV = "SLUICE_CLUSTER__TOKEN_FILE"
 STOP_TIMEOUT_S = 35.0
 
 
@@ -122,23 +129,95 @@ def _wait_for(
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def _etcd_healthy(port: int) -> bool:
+def _etcd_healthy(port: int, ca_file: Path | None = None) -> bool:
+    scheme = "http" if ca_file is None else "https"
+    context = None if ca_file is None else ssl.create_default_context(cafile=str(ca_file))
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+        with urllib.request.urlopen(
+            f"{scheme}://127.0.0.1:{port}/health", timeout=1, context=context
+        ) as reply:
             return bool(json.load(reply).get("health") == "true")
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
-def _workers_accepting(addr: str, expected: int) -> bool:
+def _workers_accepting(metrics_port: int, expected: int) -> bool:
+    """From the router's /metrics (no credential needed, whatever the tenants' keys or the port's TLS)."""
     try:
-        with grpc.insecure_channel(addr) as channel:
-            reply = admin_pb2_grpc.RouterAdminStub(channel).ListWorkers(
-                admin_pb2.ListWorkersRequest(), timeout=1
-            )
-    except grpc.RpcError:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1) as reply:
+            text = reply.read().decode()
+    except (urllib.error.URLError, OSError):
         return False
-    return sum(1 for w in reply.workers if w.connected) >= expected
+    for line in text.splitlines():
+        if line.startswith('sluice_router_workers{accepting="true"}'):
+            return float(line.rsplit(" ", 1)[1]) >= expected
+    return False
+
+
+def etcd_tls_flags(certs: Path) -> list[str]:
+    """etcd serving TLS on its client port with the `sluice certs dev` certificate in `certs`."""
+    return ["--cert-file", str(certs / "etcd.pem"), "--key-file", str(certs / "etcd-key.pem")]
+
+
+class ClusterEnv:
+    """The environment each kind of child gets: the hop credentials of this run (token or TLS)."""
+
+    def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
+        self.tls = bool(getattr(args, "tls", False))
+        self.certs: Path | None = None
+        self.common: dict[str, str] = {}
+        self.router: dict[str, str] = {}
+        self.worker: dict[str, str] = {}
+        self.token_file: Path | None = None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = getattr(args, "config", None)
+        cluster = load_config(config_path).cluster
+        if self.tls:
+            self._use_tls(getattr(args, "certs", None) or run_dir / "certs")
+        elif not cluster.tls and cluster.token_value() is None:
+            self._use_token(run_dir / "cluster-token")
+
+    def _use_token(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+        self.common[TOKEN_ENV] = str(path)
+        self.token_file = path
+
+    def _use_tls(self, certs: Path) -> None:
+        if not has_dev_certs(certs):
+            write_dev_certs(certs)
+        self.certs = certs
+        self.common = {
+            "SLUICE_ETCD__CA_FILE": str(certs / "ca.pem"),
+            "SLUICE_CLUSTER__CA_FILE": str(certs / "ca.pem"),
+        }
+        self.router = {
+            "SLUICE_ROUTER__TLS__CERT_FILE": str(certs / "router.pem"),
+            "SLUICE_ROUTER__TLS__KEY_FILE": str(certs / "router-key.pem"),
+            "SLUICE_CLUSTER__CERT_FILE": str(certs / "router-client.pem"),
+            "SLUICE_CLUSTER__KEY_FILE": str(certs / "router-client-key.pem"),
+        }
+        self.worker = {
+            "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
+            "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
+        }
+
+    def etcd_flags(self, endpoint: str, peer: int) -> list[str]:
+        """etcd's listener flags: https with the development certificate under --tls."""
+        scheme = "https" if self.certs is not None else "http"
+        flags = [
+            "--listen-client-urls", f"{scheme}://{endpoint}", "--advertise-client-urls", f"{scheme}://{endpoint}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"sluice-local=http://127.0.0.1:{peer}",
+        ]  # fmt: skip
+        return flags + ([] if self.certs is None else etcd_tls_flags(self.certs))
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA clients of this run trust (None without --tls)."""
+        return None if self.certs is None else self.certs / "ca.pem"
 
 
 def _redis_argv(port: int, data_dir: Path) -> list[str]:
@@ -170,31 +249,21 @@ def start_cluster(
     log_dir: Path | None,
     children: list[Child],
     stop: threading.Event,
-) -> None:
+) -> ClusterEnv:
     """Start etcd, router and workers into `children` (so a failure still stops what started); return
-    once the router has a stream to every worker."""
+    once the router has a stream to every worker. Credentials of the run go in `data_dir` too."""
     etcd_endpoint = f"127.0.0.1:{args.etcd_port}"
-    peer = free_port()
-    children.append(
-        Child(
-            "etcd",
-            [
-                str(etcd_binary()), "--name", "sluice-local", "--data-dir", str(data_dir),
-                "--listen-client-urls", f"http://{etcd_endpoint}", "--advertise-client-urls", f"http://{etcd_endpoint}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"sluice-local=http://127.0.0.1:{peer}", "--log-level", "warn",
-            ],
-            log_dir,
-        )
-    )  # fmt: skip
-    _wait_for(lambda: _etcd_healthy(args.etcd_port), 30, children, "etcd", stop)
-    config = ["--config", str(args.config)] if args.config else []
-    router_env = None
+    env = ClusterEnv(args, data_dir)
+    etcd_argv = [str(etcd_binary()), "--name", "sluice-local", "--data-dir", str(data_dir / "etcd")]
+    etcd_argv += [*env.etcd_flags(etcd_endpoint, free_port()), "--log-level", "warn"]
+    children.append(Child("etcd", etcd_argv, log_dir))
+    _wait_for(lambda: _etcd_healthy(args.etcd_port, env.ca_file), 30, children, "etcd", stop)
+    config = ["--config", str(args.config)] if getattr(args, "config", None) else []
+    router_env = {**env.common, **env.router}
     if getattr(args, "redis_port", None):
         children.append(Child("redis", _redis_argv(args.redis_port, data_dir), log_dir))
         _wait_for(lambda: _redis_answers(args.redis_port), 15, children, "redis", stop)
-        router_env = {"SLUICE_REDIS__URL": f"redis://127.0.0.1:{args.redis_port}/0"}
+        router_env["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     children.append(
         Child(
             "router",
@@ -212,12 +281,17 @@ def start_cluster(
                 _sluice(*config, "worker", "--repository", str(args.repository), "--etcd", etcd_endpoint,
                         "--worker-id", f"worker-{index}"),
                 log_dir,
+                {**env.common, **env.worker},
             )
         )  # fmt: skip
-    router_addr = f"127.0.0.1:{args.port}"
     _wait_for(
-        lambda: _workers_accepting(router_addr, args.workers), args.ready_timeout, children, "workers", stop
+        lambda: _workers_accepting(args.metrics_port, args.workers),
+        args.ready_timeout,
+        children,
+        "workers",
+        stop,
     )
+    return env
 
 
 def stop_cluster(children: list[Child]) -> None:
@@ -269,27 +343,35 @@ def run_local_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     children: list[Child] = []
     try:
-        start_cluster(args, data_dir, args.log_dir, children, stop)
+        env = start_cluster(args, data_dir, args.log_dir, children, stop)
+        tls = "" if env.ca_file is None else f" --tls --ca {env.ca_file}"
         print(
             f"\nSluice is up in {time.monotonic() - started:.1f} s:\n"
-            f"  router   localhost:{args.port}  (KServe v2 gRPC)\n"
+            f"  router   localhost:{args.port}  (KServe v2 gRPC{', TLS' if tls else ''})\n"
             f"  metrics  http://localhost:{args.metrics_port}/metrics\n"
-            f"  etcd     127.0.0.1:{args.etcd_port}\n"
+            f"  etcd     127.0.0.1:{args.etcd_port}{' (TLS)' if tls else ''}\n"
+            + (f"  certs    {env.certs} (development CA: ca.pem)\n" if env.certs else "")
+            + (
+                f"  token    {env.token_file} (cluster token; `sluice drain` wants {TOKEN_ENV}=<it>)\n"
+                if env.token_file
+                else ""
+            )
             + (
                 f"  redis    127.0.0.1:{args.redis_port} (shared cache, idempotency keys)\n"
                 if args.redis_port
                 else ""
             )
             + f"  workers  {args.workers} on {args.repository}/\n"
-            "Try:  sluice infer --model mlp --random   |   sluice workers"
-            f"   |   sluice health localhost:{args.port}\n"
+            f"Try:  sluice infer{tls} --model mlp --random   |   sluice health{tls} localhost:{args.port}"
+            + ("" if tls else "   |   sluice workers")
+            + "\n"
             "Ctrl-C stops every process started here.",
             flush=True,
         )
         return _serve_until_stopped(children, stop)
     except Interrupted:
         return 130
-    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+    except (RuntimeError, TimeoutError, FileNotFoundError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

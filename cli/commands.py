@@ -1,4 +1,4 @@
-"""Client-side subcommands: health, infer, workers, drain, models init."""
+"""Client-side subcommands: health, infer, workers, drain, certs dev, models init."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
+from cli.connect import channel, metadata
+from common.cluster_auth import ClusterClient
 from common.config import SluiceConfig
 from common.etcd import WORKERS, EtcdUnavailable, open_client
 from common.pb.inference import grpc_service_pb2 as kserve
@@ -25,25 +27,28 @@ from common.tensors import dtype_of
 EXIT_OK, EXIT_CONNECTION, EXIT_RPC, EXIT_NOT_SERVING = 0, 2, 3, 4
 
 
-def _connect(addr: str, timeout: float) -> grpc.Channel | None:
-    channel = grpc.insecure_channel(addr)
+def _connect(args: argparse.Namespace, addr: str, timeout: float) -> grpc.Channel | None:
+    """A channel that completed its (TLS) handshake within `timeout`; None otherwise."""
+    opened = channel(args, addr)
     try:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
+        grpc.channel_ready_future(opened).result(timeout=timeout)
     except grpc.FutureTimeoutError:
-        channel.close()
+        opened.close()
         return None
-    return channel
+    return opened
 
 
-def health(addr: str, service: str, timeout: float) -> int:
-    """grpc_health_probe semantics: 0 SERVING, 2 cannot connect, 3 RPC failed, 4 not SERVING."""
-    channel = _connect(addr, timeout)
-    if channel is None:
+def health(args: argparse.Namespace) -> int:
+    """grpc_health_probe semantics: 0 SERVING, 2 cannot connect (or TLS handshake failed), 3 RPC failed,
+    4 not SERVING."""
+    addr, service, timeout = args.addr, args.service, args.timeout
+    opened = _connect(args, addr, timeout)
+    if opened is None:
         print(f"error: cannot connect to {addr} within {timeout:g} s", file=sys.stderr)
         return EXIT_CONNECTION
-    with channel:
+    with opened:
         try:
-            stub: Any = health_pb2_grpc.HealthStub(channel)  # types-grpcio-health-checking omits Check
+            stub: Any = health_pb2_grpc.HealthStub(opened)  # types-grpcio-health-checking omits Check
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
             print(f"error: health check failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -73,15 +78,18 @@ def infer(args: argparse.Namespace) -> int:
     if not args.random:
         print("error: only --random inputs are supported; pass --random", file=sys.stderr)
         return 1
-    channel = _connect(args.addr, args.timeout)
-    if channel is None:
+    opened = _connect(args, args.addr, args.timeout)
+    if opened is None:
         print(f"error: cannot connect to {args.addr}", file=sys.stderr)
         return EXIT_CONNECTION
-    with channel:
-        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+    auth = metadata(args)
+    with opened:
+        stub = kserve_grpc.GRPCInferenceServiceStub(opened)
         try:
             meta = stub.ModelMetadata(
-                kserve.ModelMetadataRequest(name=args.model, version=args.version), timeout=args.timeout
+                kserve.ModelMetadataRequest(name=args.model, version=args.version),
+                timeout=args.timeout,
+                metadata=auth,
             )
             request = kserve.ModelInferRequest(model_name=args.model, model_version=args.version)
             rng = np.random.default_rng(args.seed)
@@ -90,7 +98,7 @@ def infer(args: argparse.Namespace) -> int:
                 request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=shape)
                 request.raw_input_contents.append(data)
             start = time.perf_counter()
-            response = stub.ModelInfer(request, timeout=args.timeout)
+            response = stub.ModelInfer(request, timeout=args.timeout, metadata=auth)
             latency = time.perf_counter() - start
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -126,12 +134,12 @@ async def _worker_records(config: SluiceConfig) -> dict[str, WorkerRecord]:
     return records
 
 
-def list_workers_via_router(addr: str) -> int:
+def list_workers_via_router(args: argparse.Namespace) -> int:
     """The router's view: state, models, backlog, utilisation and learned estimates per worker."""
-    with grpc.insecure_channel(addr) as channel:
+    with channel(args, args.addr) as opened:
         try:
-            reply = admin_pb2_grpc.RouterAdminStub(channel).ListWorkers(
-                admin_pb2.ListWorkersRequest(), timeout=5
+            reply = admin_pb2_grpc.RouterAdminStub(opened).ListWorkers(
+                admin_pb2.ListWorkersRequest(), timeout=5, metadata=metadata(args)
             )
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -172,7 +180,7 @@ async def list_workers(config: SluiceConfig, *, as_json: bool) -> int:
 
 
 async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
-    """Ask a worker (found in etcd) to drain."""
+    """Ask a worker (found in etcd) to drain, presenting the cluster credentials of `config`."""
     try:
         records = await _worker_records(config)
     except EtcdUnavailable as exc:
@@ -184,10 +192,11 @@ async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
             f"error: no worker {worker_id!r} in etcd (known: {', '.join(sorted(records))})", file=sys.stderr
         )
         return 1
-    async with grpc.aio.insecure_channel(record.addr) as channel:
+    cluster = ClusterClient(config.cluster)
+    async with cluster.channel(record.addr) as opened:
         try:
-            reply = await admin_pb2_grpc.WorkerAdminStub(channel).Drain(
-                admin_pb2.DrainRequest(wait_s=wait_s), timeout=wait_s + 5.0
+            reply = await admin_pb2_grpc.WorkerAdminStub(opened).Drain(
+                admin_pb2.DrainRequest(wait_s=wait_s), timeout=wait_s + 5.0, metadata=cluster.metadata
             )
         except grpc.aio.AioRpcError as exc:
             print(f"error: drain failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -205,6 +214,16 @@ def hash_key(key: str) -> int:
         print("error: empty key", file=sys.stderr)
         return 1
     print(hash_api_key(key))
+    return EXIT_OK
+
+
+def certs_dev(directory: Path) -> int:
+    """Write the development CA and certificates (cli/certs.py)."""
+    from cli.certs import write_dev_certs
+
+    for path in write_dev_certs(directory):
+        print(f"wrote {path}")
+    print("development use only: the CA key (ca-key.pem) can sign anything these files trust")
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from cli.admin_cmds import add_admin_parsers, run_admin
 from cli.bench_cmd import add_bench_parser, run_bench
+from cli.connect import add_connection_flags
 from cli.sim_cmd import add_sim_parser, run_sim
 from common.config import ConfigError, SluiceConfig, load_config
 from common.logs import configure_logging
@@ -51,6 +52,16 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--redis-port", type=int, help="also start a local Valkey (Redis) on this port for the router"
     )
     up.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS everywhere: client port, etcd, and mTLS between router and workers (development CA)",
+    )
+    up.add_argument(
+        "--certs",
+        type=Path,
+        help="with --tls: use (or write, if empty) the `sluice certs dev` files here (default: per run)",
+    )
 
     router = sub.add_parser("router", help="run a router (KServe v2 gRPC front end)")
     router.add_argument("--listen", help="gRPC bind address (default 0.0.0.0:8001)")
@@ -78,6 +89,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     health.add_argument("addr", help="HOST:PORT of a router or worker")
     health.add_argument("--service", default="", help="service name (default '': the whole server)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    add_connection_flags(health, api_key=False)
 
     infer = sub.add_parser("infer", help="send one inference request and print the result")
     infer.add_argument("--model", required=True, help="model name")
@@ -87,6 +99,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     infer.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
     infer.add_argument("--length", type=int, default=8, help="size used for variable dims (default 8)")
     infer.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds (default 10)")
+    add_connection_flags(infer)
 
     workers = sub.add_parser("workers", help="list workers registered in etcd")
     workers.add_argument("--json", action="store_true", help="print the raw records as JSON")
@@ -94,8 +107,13 @@ def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--addr", help="ask this router instead of etcd: adds backlog, utilisation and learned estimates"
     )
     _add_etcd_flags(workers)
+    add_connection_flags(workers)
 
-    drain = sub.add_parser("drain", help="drain a worker: finish in-flight work, deregister, exit")
+    drain = sub.add_parser(
+        "drain",
+        help="drain a worker: finish in-flight work, deregister, exit (presents the config's cluster "
+        "token or client certificate)",
+    )
     drain.add_argument("worker_id", metavar="WORKER", help="worker id as `sluice workers` shows it")
     drain.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the drain to finish")
     _add_etcd_flags(drain)
@@ -109,6 +127,14 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "hash", help="print the sha256:<hex> form of an API key (tenants.api_keys)"
     )
     hash_key.add_argument("key", help="the API key (keep it out of shell history: pass '-' to read stdin)")
+
+    certs = sub.add_parser("certs", help="TLS certificate tools")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    dev = certs_sub.add_parser(
+        "dev",
+        help="write a development CA and router, worker, etcd and client certificates (not for production)",
+    )
+    dev.add_argument("directory", type=Path, metavar="DIR", help="where to write them (created if missing)")
 
     models = sub.add_parser("models", help="model repository tools")
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
@@ -165,7 +191,9 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     if args.command == "keys":
         return commands.hash_key(sys.stdin.readline().strip() if args.key == "-" else args.key)
     if args.command == "health":
-        return commands.health(args.addr, args.service, args.timeout)
+        return commands.health(args)
+    if args.command == "certs":
+        return commands.certs_dev(args.directory)
     if args.command == "infer":
         return commands.infer(args)
     if args.command == "bench":
@@ -198,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "workers":
         if args.addr:
-            return commands.list_workers_via_router(args.addr)
+            return commands.list_workers_via_router(args)
         return asyncio.run(commands.list_workers(config, as_json=args.json))
     if args.command in ("top", "tenants", "cache"):
         return run_admin(args, config)

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "SLUICE_"
 
@@ -29,6 +38,42 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def _secret_from(value: SecretStr | None, path: Path | None, key: str) -> SecretStr | None:
+    """The secret given inline (`value`) or in the file at `path`, not both; ValueError naming `key`."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ValueError(f"set {key.removesuffix('_file')} or {key}, not both")
+    return read_secret(path, key)
+
+
+def read_secret(path: Path, key: str) -> SecretStr:
+    """The secret held in a file (a mounted Kubernetes Secret), without its trailing newline; ValueError
+    naming `key` when it cannot be read or is empty. The value itself never appears in a message."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{key}: cannot read {path}: {exc}") from None
+    if not text:
+        raise ValueError(f"{key}: {path} is empty")
+    return SecretStr(text)
+
+
+def _pair(cert_file: Path | None, key_file: Path | None) -> None:
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("cert_file and key_file go together: set both or neither")
+
+
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _check_key_hashes(value: list[str]) -> list[str]:
+    bad = [k for k in value if not _KEY_HASH.match(k)]
+    if bad:
+        raise ValueError("each key must be 'sha256:' + 64 lowercase hex digits (see `sluice keys hash`)")
+    return value
+
+
 class EtcdSettings(_Section):
     """Where the cluster registry lives."""
 
@@ -38,6 +83,22 @@ class EtcdSettings(_Section):
     """Key prefix for workers/, routers/, tenants/."""
     lease_ttl_s: int = Field(default=10, ge=2, le=300)
     """TTL of worker and router leases; keepalive runs every TTL/3, so a frozen process vanishes after TTL."""
+    tls: bool = False
+    """Connect with TLS. Implied by `ca_file`; alone, etcd's certificate is verified against the system
+    roots."""
+    ca_file: Path | None = None
+    """PEM CA bundle etcd's server certificate is verified against (turns TLS on)."""
+    cert_file: Path | None = None
+    """PEM client certificate, for an etcd started with `--client-cert-auth` (with `key_file`)."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    username: str | None = None
+    """etcd user (etcd's `auth enable`); a token is obtained at connect and again after it expires."""
+    password: SecretStr | None = None
+    """Password of `username`; prefer `password_file`. Never logged."""
+    password_file: Path | None = None
+    """File holding the password (read once at start; a trailing newline is ignored)."""
+    _password: SecretStr | None = PrivateAttr(default=None)
 
     @field_validator("prefix")
     @classmethod
@@ -45,6 +106,52 @@ class EtcdSettings(_Section):
         if not value.startswith("/") or not value.endswith("/"):
             raise ValueError("must start and end with '/'")
         return value
+
+    @model_validator(mode="after")
+    def _credentials_agree(self) -> EtcdSettings:
+        _pair(self.cert_file, self.key_file)
+        self._password = _secret_from(self.password, self.password_file, "password_file")
+        if (self.username is None) != (self._password is None):
+            raise ValueError("username and password (or password_file) go together")
+        return self
+
+    def password_value(self) -> str | None:
+        """The etcd password, from `password` or `password_file`."""
+        return None if self._password is None else self._password.get_secret_value()
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether connections to etcd use TLS."""
+        return self.tls or self.ca_file is not None or self.cert_file is not None
+
+
+class ServerTlsSettings(_Section):
+    """TLS on the router's client port: off while `cert_file` is unset."""
+
+    cert_file: Path | None = None
+    """PEM certificate chain the router presents to clients (with `key_file`); turns TLS on."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    client_ca_file: Path | None = None
+    """PEM CA bundle client certificates are verified against (mTLS). Without `require_client_cert`,
+    a certificate is verified when a client presents one, and clients without one still connect."""
+    require_client_cert: bool = False
+    """Refuse clients that do not present a certificate signed by `client_ca_file` (mTLS). API keys
+    are still required on top: a certificate says which machine calls, a key which tenant."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> ServerTlsSettings:
+        _pair(self.cert_file, self.key_file)
+        if self.cert_file is None and (self.client_ca_file is not None or self.require_client_cert):
+            raise ValueError("client_ca_file and require_client_cert need cert_file and key_file")
+        if self.require_client_cert and self.client_ca_file is None:
+            raise ValueError("require_client_cert needs client_ca_file")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the client port speaks TLS."""
+        return self.cert_file is not None
 
 
 class RouterSettings(_Section):
@@ -83,6 +190,17 @@ class RouterSettings(_Section):
     max_batch_size + max_wait (Triton's dynamic batcher), kept for comparison."""
     scheduler: Literal["expected_completion", "least_loaded", "round_robin"] = "expected_completion"
     """How a batch picks its worker (router/policy/scheduler.py)."""
+    tls: ServerTlsSettings = ServerTlsSettings()
+    """TLS (optionally mTLS) on the client port."""
+    admin_keys: list[str] = []
+    """SHA-256 of each admin key (`sha256:<hex>`, `sluice keys hash KEY`): keys that may call
+    `sluice.v1.RouterAdmin` without being any tenant's. A tenant with `admin: true` may too. With no
+    admin key, no tenant key and `admission.require_api_key` false (key-less local mode), admin is open."""
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _admin_keys_hashed(cls, value: list[str]) -> list[str]:
+        return _check_key_hashes(value)
 
     @model_validator(mode="after")
     def _timeouts_agree(self) -> RouterSettings:
@@ -127,7 +245,6 @@ class WorkerSettings(_Section):
 
 
 ANONYMOUS_TENANT = "anonymous"
-_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class TenantSettings(_Section):
@@ -149,14 +266,14 @@ class TenantSettings(_Section):
     """The best priority this tenant may use; requests asking for better are capped to it."""
     models: list[str] = ["*"]
     """Models this tenant may call (glob patterns)."""
+    admin: bool = False
+    """The admin role: this tenant's keys may also call `sluice.v1.RouterAdmin` (list workers and
+    tenants, read stats, purge the cache). Plain tenant keys get PERMISSION_DENIED there."""
 
     @field_validator("api_keys")
     @classmethod
     def _hashed(cls, value: list[str]) -> list[str]:
-        bad = [k for k in value if not _KEY_HASH.match(k)]
-        if bad:
-            raise ValueError("each key must be 'sha256:' + 64 lowercase hex digits (see `sluice keys hash`)")
-        return value
+        return _check_key_hashes(value)
 
     @model_validator(mode="after")
     def _priorities_agree(self) -> TenantSettings:
@@ -194,11 +311,41 @@ class RedisSettings(_Section):
     """The Redis (or Valkey) shared by routers for the result cache and idempotency records."""
 
     url: str | None = None
-    """e.g. redis://redis:6379/0; unset: per-router in-process stores only (local mode)."""
+    """e.g. redis://redis:6379/0, or rediss://... for TLS; unset: per-router in-process stores only (local
+    mode). Put no password in it: use `password` or `password_file`."""
     prefix: str = "sluice:"
     """Prepended to every key and channel."""
     timeout_s: float = Field(default=0.2, gt=0, le=10)
     """Per call: what a hung Redis may cost a request."""
+    username: str | None = None
+    """ACL user (Redis 6+ `ACL SETUSER`); unset: the `default` user that `requirepass` protects."""
+    password: SecretStr | None = None
+    """AUTH password; prefer `password_file`. Never logged."""
+    password_file: Path | None = None
+    """File holding the password (read once at start; a trailing newline is ignored)."""
+    ca_file: Path | None = None
+    """PEM CA bundle the server certificate is verified against (rediss:// URLs only; unset: system
+    roots)."""
+    cert_file: Path | None = None
+    """PEM client certificate, for a server started with `tls-auth-clients yes` (with `key_file`)."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    _password: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _credentials_agree(self) -> RedisSettings:
+        _pair(self.cert_file, self.key_file)
+        self._password = _secret_from(self.password, self.password_file, "password_file")
+        files = (self.ca_file, self.cert_file)
+        if any(f is not None for f in files) and not (self.url or "").startswith("rediss://"):
+            raise ValueError("ca_file, cert_file and key_file need a rediss:// url")
+        if self.url and "@" in self.url.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError("url: put credentials in username/password(_file), not in the URL")
+        return self
+
+    def password_value(self) -> str | None:
+        """The AUTH password, from `password` or `password_file`."""
+        return None if self._password is None else self._password.get_secret_value()
 
 
 class CacheSettings(_Section):
@@ -245,12 +392,64 @@ class AutoscaleSettings(_Section):
     """Ceiling."""
 
 
+MIN_TOKEN_CHARS = 16
+
+
 class ClusterSettings(_Section):
-    """The router ↔ worker hop: settings both ends must agree on."""
+    """The router ↔ worker hop: settings both ends must agree on, and how each end proves who it is.
+
+    A worker runs only batches it can attribute to a router: with mTLS (`cert_file`, `key_file`,
+    `ca_file`), a client certificate signed by the cluster CA; with a token, the token in the call's
+    metadata. A worker with neither refuses to start. Every credential configured is required.
+    """
 
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Largest message on a router ↔ worker stream, in either direction: workers accept batches up to
     it and routers cut batches (inputs and expected outputs) to fit it."""
+    cert_file: Path | None = None
+    """This process's certificate on the cluster hop (PEM): a worker's server certificate, or a router's
+    (or the CLI's) client certificate. With `key_file` and `ca_file` it turns mTLS on."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    ca_file: Path | None = None
+    """PEM bundle of the cluster CA: workers accept only client certificates it signed, routers only
+    worker certificates it signed. During a CA rotation it holds the old and the new CA."""
+    server_name: str | None = None
+    """Name routers expect in worker certificates (a DNS SAN) instead of the host they dial: needed when
+    workers register pod IPs that their certificate cannot name (e.g. `sluice-worker`)."""
+    token: SecretStr | None = None
+    """Shared secret routers (and `sluice drain`) send to workers in the `sluice-cluster-token` metadata,
+    compared in constant time; at least 16 characters. Prefer `token_file`. Never logged."""
+    token_file: Path | None = None
+    """File holding `token` (a mounted Kubernetes Secret), read once at start."""
+    accepted_tokens: list[SecretStr] = []
+    """Tokens workers accept besides `token`: during a rotation, the old one (docs/security.md)."""
+    _token: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _credentials_agree(self) -> ClusterSettings:
+        tls_files = (self.cert_file, self.key_file, self.ca_file)
+        if any(f is not None for f in tls_files) and not all(f is not None for f in tls_files):
+            raise ValueError("mTLS needs all three of cert_file, key_file and ca_file")
+        self._token = _secret_from(self.token, self.token_file, "token_file")
+        for secret in (self._token, *self.accepted_tokens):
+            if secret is not None and len(secret.get_secret_value()) < MIN_TOKEN_CHARS:
+                raise ValueError(f"cluster tokens must have at least {MIN_TOKEN_CHARS} characters")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether the hop uses mTLS."""
+        return self.ca_file is not None
+
+    def token_value(self) -> str | None:
+        """The token this process presents, from `token` or `token_file`."""
+        return None if self._token is None else self._token.get_secret_value()
+
+    def accepted(self) -> list[str]:
+        """Every token a worker accepts (empty: no token check)."""
+        mine = [] if self._token is None else [self._token]
+        return [s.get_secret_value() for s in (*mine, *self.accepted_tokens)]
 
 
 class SluiceConfig(_Section):

@@ -15,7 +15,8 @@ Invariants, and why:
   lease), is idempotent, and is bounded in time even when etcd is down (the key then vanishes at TTL).
 - Prefix watches live in common/etcd_watch.py and share this module's client, backoff and error set.
 - aetcd neither keeps leases alive nor reconnects a broken watch, and a gRPC channel can sit in a long
-  reconnect backoff after an outage: after any failure we drop the client and open a fresh one.
+  reconnect backoff after an outage: after any failure we drop the client and open a fresh one. That is
+  also how an expired etcd auth token is renewed: the fresh client authenticates (common/etcd_client.py).
 - Every request/response etcd call is bounded by `RPC_TIMEOUT_S` (aetcd's per-call deadline), and an
   open watch stream is pinged by gRPC (a dead peer breaks it in ~15 s), so nothing here hangs on an etcd
   that is frozen or cut off.
@@ -32,6 +33,8 @@ import aetcd
 import aetcd.exceptions
 
 from common.config import EtcdSettings
+from common.etcd_client import EtcdClient
+from common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -121,16 +124,36 @@ async def close_client(client: aetcd.Client) -> None:
         logger.debug("closing an etcd client failed: %r", exc)
 
 
+def new_client(settings: EtcdSettings, host: str, port: int) -> aetcd.Client:
+    """An unconnected client for one endpoint, with the configured TLS and etcd user. Certificate files
+    are read here, at every (re)connect, so renewed certificates are picked up without a restart."""
+    credentials = None
+    if settings.uses_tls:
+        credentials = channel_credentials(
+            ca_file=settings.ca_file, cert_file=settings.cert_file, key_file=settings.key_file, section="etcd"
+        )
+    return EtcdClient(
+        host,
+        port,
+        credentials=credentials,
+        username=settings.username,
+        password=settings.password_value(),
+        timeout=RPC_TIMEOUT_S,
+        options=_CHANNEL_OPTIONS,
+    )
+
+
 async def open_client(settings: EtcdSettings) -> aetcd.Client:
     """A client connected to the first endpoint of `settings.endpoints` that answers a read.
 
-    aetcd connects lazily, so each endpoint is probed with a bounded read of the prefix. Raises
-    `EtcdUnavailable` (listing each endpoint's error) when none answers.
+    aetcd connects lazily, so each endpoint is probed with a bounded read of the prefix (which also
+    authenticates, when an etcd user is configured). Raises `EtcdUnavailable` (listing each endpoint's
+    error) when none answers.
     """
     errors: list[str] = []
     for endpoint in settings.endpoints:
         host, port = parse_endpoint(endpoint)
-        client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT_S, options=_CHANNEL_OPTIONS)
+        client = new_client(settings, host, port)
         try:
             await asyncio.wait_for(client.get(settings.prefix.encode()), RPC_TIMEOUT_S)
         except ETCD_ERRORS as exc:
@@ -271,7 +294,13 @@ class LeasedKey:
 
     async def _revoke_lease(self, lease_id: int) -> None:
         client = await self._ensure_client()
-        await client.revoke_lease(lease_id)
+        try:
+            await client.revoke_lease(lease_id)
+        except aetcd.exceptions.UnauthenticatedError:
+            # The client's etcd auth token expired while idle: a fresh client authenticates again.
+            await self._drop_client()
+            client = await self._ensure_client()
+            await client.revoke_lease(lease_id)
 
     async def _ensure_client(self) -> aetcd.Client:
         if self._client is None:

@@ -23,13 +23,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
+from common.cluster_auth import ClusterClient
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
+from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
 from common.pb.inference import grpc_service_pb2
 from common.pb.sluice.v1 import admin_pb2
 from common.telemetry import provider_from_environment, tracer
+from common.tls import server_credentials
 from router.auditor import CacheAuditor
+from router.auth import AccessPolicy
 from router.cache_gate import CacheGate
 from router.driver import Driver
 from router.edge import MalformedBodies, add_service
@@ -99,7 +103,17 @@ class RouterServer:
             metrics=self.metrics,
             clock=self.clock,
         )
-        self.membership = Membership(config.etcd, settings, self.driver, self.links, self.catalog)
+        cluster = ClusterClient(config.cluster)
+        if not config.cluster.tls and config.cluster.token_value() is None:
+            log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
+        self.membership = Membership(
+            config.etcd, settings, self.driver, self.links, self.catalog, cluster=cluster
+        )
+        self.access = AccessPolicy(
+            self.peers.current_directory,
+            admin_keys=settings.admin_keys,
+            require_api_key=config.admission.require_api_key,
+        )
         self.redis = open_redis(_redis_options(config)) if config.redis.url else None
         self.cache = CacheGate(_cache_store(config, self.redis, self.clock), config.cache, self.metrics)
         self.idempotency = IdempotencyGate(
@@ -174,15 +188,16 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
+            interceptors=[GateInterceptor(self.access.check_call)],
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
-            ]
+            ],
         )
         self._servicers(server)
-        self.port = server.add_insecure_port(settings.listen)
+        self.port = self._bind(server)
         if self.port == 0:
             raise OSError(f"cannot bind router to {settings.listen}")
         await server.start()
@@ -201,6 +216,22 @@ class RouterServer:
         registration = self._registration
         self.status.etcd_connected = lambda: registration.connected
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        """Listen on the client port, with TLS (optionally requiring client certificates) if configured."""
+        settings = self.config.router
+        tls = settings.tls
+        if tls.cert_file is None or tls.key_file is None:
+            return server.add_insecure_port(settings.listen)
+        credentials = server_credentials(
+            cert_file=tls.cert_file,
+            key_file=tls.key_file,
+            client_ca_file=tls.client_ca_file,
+            require_client_cert=tls.require_client_cert,
+            section="router.tls",
+            ca_key="client_ca_file",
+        )
+        return server.add_secure_port(settings.listen, credentials)
 
     @property
     def metrics_port(self) -> int:
@@ -236,6 +267,11 @@ def _redis_options(config: SluiceConfig) -> RedisOptions:
     assert redis.url is not None
     return RedisOptions(
         url=redis.url,
+        username=redis.username,
+        password=redis.password_value(),
+        ca_file=redis.ca_file,
+        cert_file=redis.cert_file,
+        key_file=redis.key_file,
         prefix=redis.prefix,
         socket_timeout_s=redis.timeout_s,
         connect_timeout_s=redis.timeout_s,

@@ -19,6 +19,7 @@ import logging
 
 from pydantic import ValidationError
 
+from common.cluster_auth import ClusterClient
 from common.config import EtcdSettings, RouterSettings
 from common.etcd import WORKERS
 from common.etcd_watch import watch_prefix_snapshots
@@ -47,8 +48,11 @@ class Membership:
         driver: Driver,
         links: WorkerLinks,
         catalog: ModelCatalog,
+        *,
+        cluster: ClusterClient,
     ) -> None:
         self._etcd = etcd
+        self._cluster = cluster
         self._settings = settings
         self._driver = driver
         self._links = links
@@ -138,7 +142,7 @@ class Membership:
             record.addr,
             self._on_message,
             self._on_closed,
-            self._settings.max_message_bytes,
+            self._cluster,
         )
         self._links.add(link)
         link.start()

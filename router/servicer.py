@@ -124,8 +124,12 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: kserve.ModelReadyRequest, context: Context
     ) -> kserve.ModelReadyResponse:
-        """Ready when an accepting worker has the (resolved) version loaded."""
+        """Ready when an accepting worker has the (resolved) version loaded; PERMISSION_DENIED for a
+        model outside the caller's tenant's globs (checked before the name is resolved, so the answer
+        does not tell whether such a model exists)."""
         try:
+            tenant = self._tenants().authenticate(api_key(context.invocation_metadata()))
+            TenantDirectory.authorize(tenant, request.name)
             record = self._catalog.resolve(request.name, request.version)
         except SluiceError as err:
             await abort(context, err)
@@ -140,8 +144,10 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: kserve.ModelMetadataRequest, context: Context
     ) -> kserve.ModelMetadataResponse:
-        """Tensor specs as the workers registered them."""
+        """Tensor specs as the workers registered them; PERMISSION_DENIED as in `ModelReady`."""
         try:
+            tenant = self._tenants().authenticate(api_key(context.invocation_metadata()))
+            TenantDirectory.authorize(tenant, request.name)
             record = self._catalog.resolve(request.name, request.version)
         except SluiceError as err:
             await abort(context, err)

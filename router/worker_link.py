@@ -1,7 +1,8 @@
 """One bidirectional stream to one worker (DESIGN.md: sluice/v1/worker.proto), and the set of them.
 
-A link only moves messages: `send` queues a RouterMessage for the writer, every WorkerMessage read is
-handed to `on_message`, and when the stream ends for any reason `on_closed` is called exactly once.
+A link only moves messages (over the cluster's mTLS or with its token, common/cluster_auth.py): `send`
+queues a RouterMessage for the writer, every WorkerMessage read is handed to `on_message`, and when the
+stream ends for any reason `on_closed` is called exactly once.
 gRPC keepalive pings every 500 ms with a 500 ms ack deadline make a dead or frozen peer visible within
 about a second even when no batch is in flight (a killed peer's socket closes at once).
 """
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from common.cluster_auth import ClusterClient
 from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ class WorkerLink:
         addr: str,
         on_message: OnMessage,
         on_closed: OnClosed,
-        max_message_bytes: int = 64 * 1024 * 1024,
+        cluster: ClusterClient,
     ) -> None:
         self.worker_id = worker_id
         self.addr = addr
@@ -48,10 +50,11 @@ class WorkerLink:
         """Loop time of the last message from the worker (its heartbeat)."""
         self._on_message = on_message
         self._on_closed = on_closed
+        self._cluster = cluster
         self._options = [
             *KEEPALIVE_OPTIONS,
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", cluster.max_message_bytes),
+            ("grpc.max_receive_message_length", cluster.max_message_bytes),
         ]
         self._outbox: asyncio.Queue[worker_pb2.RouterMessage | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -87,8 +90,9 @@ class WorkerLink:
     async def _run(self) -> None:
         reason = "stream ended"
         try:
-            async with grpc.aio.insecure_channel(self.addr, options=self._options) as channel:
-                call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests())
+            async with self._cluster.channel(self.addr, self._options) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                call = stub.Stream(self._requests(), metadata=self._cluster.metadata)
                 async for message in call:
                     self.last_message = asyncio.get_running_loop().time()
                     self._on_message(self.worker_id, message)

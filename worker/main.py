@@ -22,12 +22,15 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
+from common.cluster_auth import TokenCheck, require_worker_credentials, worker_server_credentials
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, worker_key
+from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
 from common.telemetry import provider_from_environment, tracer
+from worker.auth import ClusterTokenGate
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
 from worker.gpu_metrics import GpuSampler
@@ -81,11 +84,14 @@ class WorkerProcess:
         self._drain_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        """Load and warm every model, serve, then register as ready."""
+        """Load and warm every model, serve, then register as ready. ConfigError (before any model is
+        loaded) when the worker has no way to tell a router's batch from anyone else's."""
         settings = self.config.worker
+        require_worker_credentials(self.config.cluster)
+        credentials = worker_server_credentials(self.config.cluster)
         await asyncio.to_thread(self._load_models)
         self.runner.start()
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = self._server_for(self.config.cluster.max_message_bytes)
         worker_pb2_grpc.add_WorkerServicer_to_server(WorkerStreamServicer(self.state), server)
         admin = WorkerAdminServicer(self.state, self.drain, self.status)
         admin_pb2_grpc.add_WorkerAdminServicer_to_server(admin, server)
@@ -99,7 +105,10 @@ class WorkerProcess:
             ),
             server,
         )
-        self.port = server.add_insecure_port(settings.listen)
+        if credentials is None:
+            self.port = server.add_insecure_port(settings.listen)
+        else:
+            self.port = server.add_secure_port(settings.listen, credentials)
         if self.port == 0:
             raise OSError(f"cannot bind worker to {settings.listen}")
         await server.start()
@@ -112,6 +121,18 @@ class WorkerProcess:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._reporter = asyncio.create_task(self._report_load(), name="load-reporter")
         log.info("worker %s ready on %s with %d model versions", self.worker_id, self.addr, len(self.models))
+
+    def _server_for(self, max_message_bytes: int) -> grpc.aio.Server:
+        """The gRPC server: message limits the routers' agree with, and the token gate if configured."""
+        check = TokenCheck(self.config.cluster.accepted())
+        return grpc.aio.server(
+            interceptors=[GateInterceptor(ClusterTokenGate(check))] if check.enabled else [],
+            options=[
+                *SERVER_OPTIONS,
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes),
+            ],
+        )
 
     def _load_models(self) -> None:
         settings = self.config.worker

@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -42,7 +43,17 @@ class RedisOptions:
     """How the router talks to Redis (mapped from the router's typed config by the shell)."""
 
     url: str
-    """e.g. redis://127.0.0.1:6379/0"""
+    """e.g. redis://127.0.0.1:6379/0, or rediss://... for TLS"""
+    username: str | None = None
+    """ACL user; None: the default user."""
+    password: str | None = None
+    """AUTH password (kept out of the URL so it never shows up where a URL is printed)."""
+    ca_file: Path | None = None
+    """rediss:// only: CA bundle the server certificate is verified against (None: system roots)."""
+    cert_file: Path | None = None
+    """rediss:// only: client certificate (with `key_file`)."""
+    key_file: Path | None = None
+    """rediss:// only: the client certificate's private key."""
     prefix: str = "sluice:"
     """Prepended to every key and channel, so several clusters can share one Redis."""
     socket_timeout_s: float = 0.2
@@ -61,9 +72,20 @@ class RedisOptions:
 
 def open_redis(options: RedisOptions) -> Redis:
     """A client owning a blocking, bounded pool with the timeouts of `options` (connects lazily);
-    `await client.aclose()` closes the pool's connections."""
+    `await client.aclose()` closes the pool's connections. With a rediss:// URL the server certificate
+    is always verified (and its host name checked)."""
+    tls: dict[str, Any] = {}
+    if options.url.startswith("rediss://"):
+        tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+        for name, path in (("ssl_ca_certs", options.ca_file), ("ssl_certfile", options.cert_file),
+                           ("ssl_keyfile", options.key_file)):  # fmt: skip
+            if path is not None:
+                tls[name] = str(path)
     pool = BlockingConnectionPool.from_url(
         options.url,
+        username=options.username,
+        password=options.password,
+        **tls,
         max_connections=options.max_connections,
         timeout=options.pool_timeout_s,
         socket_timeout=options.socket_timeout_s,

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.cluster_auth import require_worker_credentials
+from common.config import ConfigError
 from tests.deploy import crossrefs, schemas
 from tests.deploy.rendering import (
     DEPLOY,
@@ -104,7 +106,7 @@ def test_overlay_renders_the_whole_system(overlays: dict[str, Rendered], overlay
     ]:
         assert rendered.has(kind, name), f"{overlay}: {kind}/{name} missing"
     assert rendered.get("Service", "sluice-router-headless")["spec"]["clusterIP"] == "None"
-    assert len(rendered.of_kind("ConfigMap")) >= 1 and len(rendered.of_kind("Secret")) == 1
+    assert len(rendered.of_kind("ConfigMap")) >= 1 and len(rendered.of_kind("Secret")) == 2  # API keys, token
     scalers = {o["kind"] for o in rendered.objects} & {"HorizontalPodAutoscaler", "ScaledObject"}
     expected = {"dev": set(), "prod-gpu": {"HorizontalPodAutoscaler"}, "prod-gpu-keda": {"ScaledObject"}}
     assert scalers == expected[overlay]
@@ -290,6 +292,39 @@ def test_routers_get_the_tenant_keys(overlays: dict[str, Rendered], overlay: str
     else:
         assert config.admission.require_api_key and "anonymous" not in config.tenants
         assert set(config.tenants) == {"default"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_routers_and_workers_share_the_cluster_hop(
+    overlays: dict[str, Rendered], overlay: str, tmp_path: Path
+) -> None:
+    """The token routers present is one workers accept, and both ends agree on the message limit."""
+    rendered = overlays[overlay]
+    router = effective_config(rendered, *_router(rendered), tmp_path).cluster
+    worker = effective_config(rendered, *_worker(rendered), tmp_path).cluster
+    token = router.token_value()
+    assert token is not None and token in worker.accepted()
+    assert router.max_message_bytes == worker.max_message_bytes
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workers_refuse_the_placeholder_token(
+    overlays: dict[str, Rendered], overlay: str, tmp_path: Path
+) -> None:
+    """Production overlays ship the base's placeholder token: a worker will not start until it is replaced."""
+    rendered = overlays[overlay]
+    cluster = effective_config(rendered, *_worker(rendered), tmp_path).cluster
+    if overlay == "dev":
+        require_worker_credentials(cluster)
+    else:
+        with pytest.raises(ConfigError, match="placeholder"):
+            require_worker_credentials(cluster)
+
+
+def test_dev_has_an_admin_key(overlays: dict[str, Rendered], tmp_path: Path) -> None:
+    """Dev has keyed tenants, so admin RPCs need an admin key: the overlay configures one."""
+    rendered = overlays["dev"]
+    assert len(effective_config(rendered, *_router(rendered), tmp_path).router.admin_keys) == 1
 
 
 def test_dev_runs_cpu_workers_on_generated_demo_models(overlays: dict[str, Rendered], tmp_path: Path) -> None:

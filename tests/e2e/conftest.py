@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,13 @@ class Cluster:
         """The router's gRPC address."""
         return f"127.0.0.1:{self.port}"
 
+    def token_env(self) -> dict[str, str]:
+        """Environment giving a CLI command this cluster's router ↔ worker token (from `sluice up`'s
+        banner), as an operator would set it for `sluice drain`."""
+        found = re.search(r"token +(\S+) ", (self.log_dir / "up.log").read_text())
+        assert found, "sluice up printed no token file"
+        return {"SLUICE_CLUSTER__TOKEN_FILE": found.group(1)}
+
     def pids(self) -> list[int]:
         """Every process of this cluster (they all carry its etcd port on their command line)."""
         return find_pids(f"127.0.0.1:{self.etcd_port}")
@@ -57,11 +65,17 @@ def cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         assert process.poll() is None, (log_dir / "up.log").read_text()
         yield cluster
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-        wait_until(lambda: not cluster.pids(), 10, "every cluster process to exit")
-        assert code == 0, (log_dir / "up.log").read_text()
+        interrupt(process, etcd_port, log_dir / "up.log")
+
+
+def interrupt(process: subprocess.Popen[bytes], etcd_port: int, log: Path) -> None:
+    """Ctrl-C `sluice up`: it must exit 0 and leave no process of its cluster behind (they all carry its
+    etcd port on their command line)."""
+    process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    wait_until(lambda: not find_pids(f"127.0.0.1:{etcd_port}"), 10, "every cluster process to exit")
+    assert code == 0, log.read_text()

@@ -86,10 +86,15 @@ def test_500_concurrent_requests_match_the_artifact_and_are_batched(cluster: Clu
     assert batches - before_batches < 500, "no batch held more than one request"
 
 
-def sluice(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would."""
+def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would (with extra environment variables)."""
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -191,7 +196,9 @@ def test_sigterm_on_a_worker_during_load_loses_no_request(cluster: Cluster) -> N
 
 def test_sluice_drain_removes_the_last_worker_cleanly(cluster: Cluster) -> None:
     etcd = f"127.0.0.1:{cluster.etcd_port}"
-    drained = sluice("drain", "worker-1", "--etcd", etcd, "--wait", "20")
+    refused = sluice("drain", "worker-1", "--etcd", etcd)
+    assert refused.returncode == 3 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+    drained = sluice("drain", "worker-1", "--etcd", etcd, "--wait", "20", env=cluster.token_env())
     assert drained.returncode == 0, drained.stderr
     wait_until(
         lambda: "worker-1 exited with 0" in (cluster.log_dir / "up.log").read_text(), 20, "worker-1 exit"

@@ -7,14 +7,16 @@ Teardown stops etcd and removes its folder: no process outlives the test.
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
-from common.config import EtcdSettings, RouterSettings, SluiceConfig
+from common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
 from router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import WorkerProcess
@@ -45,20 +47,34 @@ def etcd_settings(etcd_server: EtcdServer) -> EtcdSettings:
     )
 
 
+@pytest.fixture
+def cluster_token() -> str:
+    """The router ↔ worker token of this test's cluster: workers refuse to start without a credential."""
+    return secrets.token_urlsafe(24)
+
+
+@pytest.fixture
+def cluster_settings(cluster_token: str) -> ClusterSettings:
+    """The `cluster` section routers of this test use (the token its workers accept)."""
+    return ClusterSettings(token=SecretStr(cluster_token))
+
+
 Spawn = Callable[..., WorkerProcess]
 MakeRouter = Callable[..., Awaitable[RouterServer]]
 
 
 @pytest.fixture
-def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Iterator[Spawn]:
-    """Start `sluice worker` processes (the demo `synthetic` model unless told otherwise); all are killed at
-    teardown."""
+def spawn(
+    demo_repo: Path, etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path
+) -> Iterator[Spawn]:
+    """Start `sluice worker` processes (the demo `synthetic` model unless told otherwise) that accept the
+    test's cluster token; all are killed at teardown."""
     started: list[WorkerProcess] = []
 
     def start(
         worker_id: str, models: str = "synthetic", repository: Path | None = None, slowdown: float = 1.0
     ) -> WorkerProcess:
-        env = {"SLUICE_WORKER__SYNTHETIC_SLOWDOWN": str(slowdown)}
+        env = {"SLUICE_WORKER__SYNTHETIC_SLOWDOWN": str(slowdown), "SLUICE_CLUSTER__TOKEN": cluster_token}
         worker = WorkerProcess(
             worker_id, repository or demo_repo, etcd_settings, tmp_path, models=models, env=env
         )
@@ -71,13 +87,16 @@ def spawn(demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path) -> Itera
 
 
 @pytest.fixture
-async def make_router(etcd_settings: EtcdSettings) -> AsyncIterator[MakeRouter]:
-    """Start in-process routers on free ports following the test's etcd (extra config sections as
-    keyword arguments, e.g. tenants=..., admission=...); all are stopped at teardown."""
+async def make_router(
+    etcd_settings: EtcdSettings, cluster_settings: ClusterSettings
+) -> AsyncIterator[MakeRouter]:
+    """Start in-process routers on free ports following the test's etcd, holding its cluster token (extra
+    config sections as keyword arguments, e.g. tenants=..., admission=...); all are stopped at teardown."""
     started: list[RouterServer] = []
 
     async def make(**sections: Any) -> RouterServer:
         sections.setdefault("router", RouterSettings(listen="127.0.0.1:0", metrics_port=0))
+        sections.setdefault("cluster", cluster_settings)
         server = RouterServer(SluiceConfig(etcd=etcd_settings, **sections))
         await server.start()
         started.append(server)

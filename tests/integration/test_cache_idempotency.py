@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from common.cluster_auth import ClusterClient
 from common.config import CacheSettings, RedisSettings, TenantSettings
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
@@ -67,9 +68,10 @@ async def executed(workers: list[WorkerProcess], router: RouterServer) -> int:
     total = 0
     for worker_id in [w.worker_id for w in workers]:
         addr = router.membership.records[worker_id].addr
-        async with grpc.aio.insecure_channel(addr) as channel:
+        cluster = ClusterClient(router.config.cluster)
+        async with cluster.channel(addr) as channel:
             status = await admin_pb2_grpc.WorkerAdminStub(channel).Status(
-                admin_pb2.WorkerStatusRequest(), timeout=5
+                admin_pb2.WorkerStatusRequest(), timeout=5, metadata=cluster.metadata
             )
         total += status.items_executed
     return total

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from common.config import EtcdSettings, RouterSettings, SluiceConfig, WorkerSettings
+from common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig, WorkerSettings
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.telemetry import inject
@@ -33,12 +33,16 @@ def exporter() -> InMemorySpanExporter:
 
 @pytest.fixture
 async def traced(
-    etcd_settings: EtcdSettings, demo_repo: Path, exporter: InMemorySpanExporter
+    etcd_settings: EtcdSettings,
+    cluster_settings: ClusterSettings,
+    demo_repo: Path,
+    exporter: InMemorySpanExporter,
 ) -> AsyncIterator[tuple[RouterServer, TracerProvider]]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     config = SluiceConfig(
         etcd=etcd_settings,
+        cluster=cluster_settings,
         router=RouterSettings(listen="127.0.0.1:0", metrics_port=0),
         worker=WorkerSettings(repository=demo_repo, models=["synthetic"], worker_id="w-traced"),
     )

@@ -6,6 +6,10 @@ and no process left. Ports and the data folder are chosen once, so `restart()` b
 member at the same endpoint (its keys and leases survive unless `wipe_data=True`). etcd logs to a file
 in the folder, never to the test's output. The heartbeat and election timeouts are shortened so a
 (re)start elects itself leader in ~0.1 s instead of ~1-2 s.
+
+With `certs` (a `sluice certs dev` folder) the client listener speaks TLS with its `etcd.pem`;
+`enable_auth(password)` creates the `root` user and turns etcd's authentication on (with etcdctl, as an
+operator would); `auth_token_ttl_s` shortens how long an idle auth token lives (etcd's default is 300 s).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -20,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cli.cluster import etcd_binary, free_port
+from cli.cluster import etcd_binary, etcd_tls_flags, free_port
 from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 15.0
@@ -30,7 +35,16 @@ STOP_TIMEOUT_S = 5.0
 class EtcdServer(ServerProcess):
     """One etcd member for a test; use as a context manager or call `start()` / `cleanup()`."""
 
-    def __init__(self, base_dir: Path | None = None, *, name: str = "sluice-test") -> None:
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        *,
+        name: str = "sluice-test",
+        certs: Path | None = None,
+        auth_token_ttl_s: int | None = None,
+    ) -> None:
+        self.certs = certs
+        self.auth_token_ttl_s = auth_token_ttl_s
         self._owns_dir = base_dir is None
         self.base_dir = Path(tempfile.mkdtemp(prefix="sluice-etcd-")) if base_dir is None else base_dir
         self.name = name
@@ -65,8 +79,13 @@ class EtcdServer(ServerProcess):
         """Whether the etcd process is alive."""
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def scheme(self) -> str:
+        """`https` when serving TLS, else `http`."""
+        return "http" if self.certs is None else "https"
+
     def _command(self) -> list[str]:
-        client_url = f"http://127.0.0.1:{self.client_port}"
+        client_url = f"{self.scheme}://127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         return [
             str(etcd_binary()),
@@ -89,7 +108,33 @@ class EtcdServer(ServerProcess):
             "--election-timeout",
             "100",
             "--unsafe-no-fsync",  # test data need not survive a machine crash; writes get faster
+            *self._security_flags(),
         ]
+
+    def _security_flags(self) -> list[str]:
+        flags = []
+        if self.certs is not None:
+            flags += etcd_tls_flags(self.certs)
+        if self.auth_token_ttl_s is not None:
+            flags += ["--auth-token-ttl", str(self.auth_token_ttl_s)]
+        return flags
+
+    def etcdctl(self, *args: str, password: str | None = None) -> str:
+        """Run etcdctl against this member (as `root` when `password` is given); its output."""
+        argv = [str(etcd_binary().with_name("etcdctl")), "--endpoints", f"{self.scheme}://{self.endpoint}"]
+        if self.certs is not None:
+            argv += ["--cacert", str(self.certs / "ca.pem")]
+        if password is not None:
+            argv += ["--user", f"root:{password}"]
+        done = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=15, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def enable_auth(self, password: str) -> None:
+        """Create the `root` user with `password` and turn authentication on."""
+        self.etcdctl("user", "add", f"root:{password}")
+        self.etcdctl("auth", "enable")
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start etcd and wait until it serves linearizable reads; raises RuntimeError otherwise."""
@@ -115,8 +160,9 @@ class EtcdServer(ServerProcess):
         try:
             with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.5):
                 pass
-            url = f"http://{self.endpoint}/health"
-            with urllib.request.urlopen(url, timeout=1.0) as response:
+            url = f"{self.scheme}://{self.endpoint}/health"
+            context = None if self.certs is None else ssl.create_default_context(cafile=self.certs / "ca.pem")
+            with urllib.request.urlopen(url, timeout=1.0, context=context) as response:
                 body = json.loads(response.read())
         except (OSError, urllib.error.URLError, ValueError):
             return False

@@ -30,9 +30,13 @@ START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
 
-def _ping(port: int, timeout_s: float = 0.5) -> bool:
+def _ping(port: int, timeout_s: float = 0.5, password: str | None = None) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            if password is not None:
+                sock.sendall(f"AUTH {password}\r\n".encode())
+                if not sock.recv(64).startswith(b"+OK"):
+                    return False
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
@@ -42,7 +46,9 @@ def _ping(port: int, timeout_s: float = 0.5) -> bool:
 class RedisServer(ServerProcess):
     """One Valkey server for a test; use as a context manager or call `start()` / `cleanup()`."""
 
-    def __init__(self, base_dir: Path | None = None) -> None:
+    def __init__(self, base_dir: Path | None = None, *, password: str | None = None) -> None:
+        self.password = password
+        """With a password the server runs with `requirepass` (AUTH needed before any command)."""
         self._owns_dir = base_dir is None
         self.base_dir = Path(tempfile.mkdtemp(prefix="sluice-redis-")) if base_dir is None else base_dir
         self.port = free_port()
@@ -81,6 +87,7 @@ class RedisServer(ServerProcess):
             "no",
             "--daemonize",
             "no",
+            *(() if self.password is None else ("--requirepass", self.password)),
         ]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -95,7 +102,7 @@ class RedisServer(ServerProcess):
             if not self.running:
                 self._process = None
                 raise RuntimeError(f"Redis exited during start-up:\n{self.log_tail()}")
-            if _ping(self.port):
+            if _ping(self.port, password=self.password):
                 return
             time.sleep(0.01)
         self.stop()

@@ -1,0 +1,89 @@
+"""The client port's gate: which credential each method needs, decided before the request is read.
+
+- open (probes): `grpc.health.v1.Health/*`, reflection, `ServerLive`, `ServerReady`, `ServerMetadata`;
+- a tenant: `ModelInfer`, `ModelStreamInfer`, `ModelMetadata`, `ModelReady` need a valid API key, or none
+  where the anonymous tenant serves key-less calls;
+- an admin credential: `sluice.v1.RouterAdmin/*`, and any method not listed here (fail closed), need a key
+  in `router.admin_keys`, or the key of a tenant with `admin: true`.
+
+Key-less local mode — no tenant has API keys, no admin key is configured and `admission.require_api_key`
+is false — leaves admin open, as a laptop's `sluice up` needs. The tenant directory is read per call, so
+etcd tenant overrides that add keys close it at once.
+
+`check_call` runs in `common.grpc_gate.GateInterceptor`, which only refuses (nothing of a refused body is
+read) or hands the call to its handler; the handler authenticates again for what it needs (tenant quotas,
+model permissions), so this gate holds whatever handler a method has.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from common.errors import PermissionDenied, Unauthenticated
+from common.grpc_gate import is_open
+from router.policy.tenants import TenantDirectory, hash_api_key
+from router.servicer import api_key
+
+INFERENCE = "/inference.GRPCInferenceService/"
+OPEN_METHODS = frozenset(INFERENCE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
+TENANT_METHODS = frozenset(
+    INFERENCE + m for m in ("ModelInfer", "ModelStreamInfer", "ModelMetadata", "ModelReady")
+)
+
+
+class AccessPolicy:
+    """Decides whether a key may call a method; raises Unauthenticated / PermissionDenied if not."""
+
+    def __init__(
+        self,
+        directory: Callable[[], TenantDirectory],
+        *,
+        admin_keys: Sequence[str],
+        require_api_key: bool,
+    ) -> None:
+        self._directory = directory
+        self._admin_keys = list(admin_keys)
+        self._require_key = require_api_key
+
+    def check_call(self, method: str, metadata: Any) -> None:
+        """`check` with the key taken from the call's `authorization` metadata (a `CallCheck`)."""
+        self.check(method, api_key(metadata))
+
+    def check(self, method: str, key: str | None) -> None:
+        """Return when `key` (None: no key presented) may call `method`."""
+        if is_open(method) or method in OPEN_METHODS:
+            return
+        if method in TENANT_METHODS:
+            self._directory().authenticate(key)
+            return
+        self._check_admin(key)
+
+    def keyless(self, directory: TenantDirectory) -> bool:
+        """Key-less local mode: no key anywhere and none required."""
+        if self._admin_keys or self._require_key:
+            return False
+        tenants = (directory.get(name) for name in directory.names())
+        return all(t is None or not t.settings.api_keys for t in tenants)
+
+    def _check_admin(self, key: str | None) -> None:
+        directory = self._directory()
+        if key is None:
+            if self.keyless(directory):
+                return
+            raise Unauthenticated(
+                "admin RPCs need an admin key (authorization: Bearer <key>)", reason="missing_admin_key"
+            )
+        digest = hash_api_key(key)
+        matched = False
+        for known in self._admin_keys:
+            matched |= hmac.compare_digest(known, digest)
+        if matched:
+            return
+        tenant = directory.authenticate(key)
+        if not tenant.settings.admin:
+            raise PermissionDenied(
+                f"tenant {tenant.name!r} has no admin role: admin RPCs need an admin key",
+                reason="not_admin",
+            )

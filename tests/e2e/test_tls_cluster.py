@@ -1,0 +1,78 @@
+"""`sluice up --tls`: the whole local cluster over TLS — client port (TLS), router ↔ workers (mTLS with
+the development CA), etcd (TLS) — driven as a user would: `sluice certs dev`, the official Triton client
+with `ssl=True`, `sluice health --tls`, then Ctrl-C stops every process."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.cluster import free_port
+from tests.e2e.conftest import interrupt
+from tests.support.processes import wait_until
+
+pytestmark = pytest.mark.e2e
+
+TRITON_TLS = """
+import sys
+import numpy as np
+import tritonclient.grpc as tc
+client = tc.InferenceServerClient(sys.argv[1], ssl=True, root_certificates=sys.argv[2])
+x = tc.InferInput("input", [2, 256], "FP32")
+x.set_data_from_numpy(np.ones((2, 256), np.float32))
+result = client.infer("mlp", [x], client_timeout=20)
+print(result.as_numpy("output").shape)
+"""
+
+
+def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_sluice_up_tls_end_to_end(demo_repo: Path, tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    made = sluice("certs", "dev", str(certs))
+    assert made.returncode == 0, made.stderr
+    keys = sorted(certs.glob("*-key.pem"))
+    assert keys and all(stat.S_IMODE(k.stat().st_mode) == 0o600 for k in keys)
+
+    port, metrics_port, etcd_port = free_port(), free_port(), free_port()
+    log = tmp_path / "up.log"
+    argv = [
+        sys.executable, "-m", "cli", "up", "--tls", "--certs", str(certs), "--repository", str(demo_repo),
+        "--workers", "1", "--port", str(port), "--metrics-port", str(metrics_port),
+        "--etcd-port", str(etcd_port), "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(
+            lambda: b"Sluice is up" in log.read_bytes() or process.poll() is not None, 120, "sluice up"
+        )
+        assert process.poll() is None, log.read_text()
+        ca = str(certs / "ca.pem")
+        infer = subprocess.run(
+            [sys.executable, "-c", TRITON_TLS, f"localhost:{port}", ca],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert infer.returncode == 0 and "(2, 10)" in infer.stdout, infer.stderr
+        healthy = sluice("health", f"localhost:{port}", "--tls", "--ca", ca)
+        assert healthy.returncode == 0 and "SERVING" in healthy.stdout, healthy.stderr
+        plaintext = sluice("health", f"localhost:{port}", "--timeout", "2")
+        assert plaintext.returncode == 2, plaintext.stdout  # a TLS port: no plaintext connection
+        cli_infer = sluice(
+            "infer", "--addr", f"localhost:{port}", "--tls", "--ca", ca, "--model", "mlp", "--random"
+        )
+        assert cli_infer.returncode == 0, cli_infer.stderr
+    finally:
+        interrupt(process, etcd_port, log)

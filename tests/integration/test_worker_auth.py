@@ -1,0 +1,230 @@
+"""The worker port (DESIGN.md §9): a worker runs only batches it can attribute to a router of its cluster.
+
+Real `sluice worker` processes, dialled straight on their registered port as an attacker on the network
+would: without the cluster token (or a certificate from the cluster CA) `WorkerAdmin/*` and
+`Worker/Stream` are refused before anything is read; with it they work; health stays open for probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cli.certs import write_dev_certs
+from common.cluster_auth import TOKEN_HEADER
+from common.config import ClusterSettings, EtcdSettings, RouterSettings
+from common.etcd import WORKERS, open_client
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from common.records import WorkerRecord
+from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.test_cache_idempotency import synthetic_request
+from tests.support.processes import WorkerProcess, eventually
+
+pytestmark = pytest.mark.integration
+
+BIG = 8 * 1024 * 1024
+"""A batch message above gRPC's default 4 MiB receive limit, below `cluster.max_message_bytes`."""
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster's development CA and certificates."""
+    folder = tmp_path_factory.mktemp("cluster-certs")
+    write_dev_certs(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def other_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Certificates from another CA (valid, but not the cluster's)."""
+    folder = tmp_path_factory.mktemp("other-certs")
+    write_dev_certs(folder)
+    return folder
+
+
+async def registered_addr(etcd: EtcdSettings, worker_id: str, within_s: float = 60) -> str:
+    """The address a worker registered in etcd (waits for it)."""
+    found: dict[str, str] = {}
+
+    async def look() -> None:
+        client = await open_client(etcd)
+        try:
+            for kv in await client.get_prefix((etcd.prefix + WORKERS).encode()):
+                record = WorkerRecord.from_json(kv.value)
+                found[record.worker_id] = record.addr
+        finally:
+            await client.close()
+
+    deadline = asyncio.get_running_loop().time() + within_s
+    while worker_id not in found:
+        assert asyncio.get_running_loop().time() < deadline, f"{worker_id} never registered"
+        await look()
+        await asyncio.sleep(0.1)
+    return found[worker_id]
+
+
+def code_of(exc: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> grpc.StatusCode:
+    return exc.value.code()
+
+
+async def status(channel: grpc.aio.Channel, metadata: Any = ()) -> admin_pb2.WorkerStatusResponse:
+    return await admin_pb2_grpc.WorkerAdminStub(channel).Status(
+        admin_pb2.WorkerStatusRequest(), timeout=5, metadata=metadata
+    )
+
+
+def big_batch() -> worker_pb2.RouterMessage:
+    """One batch of two 4 MiB items for a model the worker does not serve (each item → NOT_FOUND)."""
+    batch = worker_pb2.Batch(batch_id=7, model="not-served", version="1")
+    for item_id in (1, 2):
+        item = batch.items.add(item_id=item_id, budget_us=5_000_000)
+        item.inputs.add(name="x", datatype="UINT8", shape=[1, BIG // 2], data=bytes(BIG // 2))
+    return worker_pb2.RouterMessage(batch=batch)
+
+
+def test_a_worker_without_credentials_refuses_to_start(
+    demo_repo: Path, etcd_settings: EtcdSettings, tmp_path: Path
+) -> None:
+    worker = WorkerProcess("w-bare", demo_repo, etcd_settings, tmp_path, models="synthetic")
+    try:
+        assert worker.wait(60) == 1, worker.log()
+        assert "cluster.token" in worker.log() and "mTLS" in worker.log()
+    finally:
+        worker.stop()
+
+
+async def test_token_gate_on_admin_and_stream(
+    spawn: Spawn, etcd_settings: EtcdSettings, cluster_token: str
+) -> None:
+    spawn("w-token")
+    addr = await registered_addr(etcd_settings, "w-token")
+    good = ((TOKEN_HEADER, cluster_token),)
+    async with grpc.aio.insecure_channel(
+        addr, options=[("grpc.max_send_message_length", 2 * BIG)]
+    ) as channel:
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]
+        assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no credential
+
+        for metadata in ((), ((TOKEN_HEADER, "not-the-cluster-token"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await status(channel, metadata)
+            assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await admin_pb2_grpc.WorkerAdminStub(channel).Drain(
+                    admin_pb2.DrainRequest(), timeout=5, metadata=metadata
+                )
+            assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
+        before = await status(channel, good)
+        assert before.state == worker_pb2.WORKER_STATE_READY  # the refused Drain did nothing
+
+        # A stream without the token ends UNAUTHENTICATED before the caller sends anything: the worker
+        # does not wait for (or read) a batch to refuse it.
+        never = asyncio.Event()
+
+        async def nothing() -> AsyncIterator[worker_pb2.RouterMessage]:
+            await never.wait()
+            yield worker_pb2.RouterMessage()
+
+        async def one_batch() -> AsyncIterator[worker_pb2.RouterMessage]:
+            yield big_batch()
+            await never.wait()
+
+        call = worker_pb2_grpc.WorkerStub(channel).Stream(nothing(), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in call:
+                pass
+        assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
+        # A batch sent anyway: refused too. The worker ends the call at once, so our own write of the batch
+        # may race with that end and fail here first (INTERNAL: "Failed execute_batch", client side).
+        call = worker_pb2_grpc.WorkerStub(channel).Stream(one_batch(), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in call:
+                pass
+        assert code_of(refused) in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL)
+        after = await status(channel, good)
+        assert after.batches_executed == before.batches_executed  # nothing ran for the refused calls
+
+        # With the token the same 8 MiB batch is read (above gRPC's 4 MiB default) and answered.
+        call = worker_pb2_grpc.WorkerStub(channel).Stream(one_batch(), timeout=10, metadata=good)
+        async for message in call:
+            if message.WhichOneof("kind") == "result":
+                assert message.result.batch_id == 7
+                assert {i.error.code for i in message.result.items} == {grpc.StatusCode.NOT_FOUND.value[0]}
+                call.cancel()
+                break
+        else:
+            raise AssertionError("the stream ended without a result")
+
+
+@pytest.fixture
+def tls_worker(
+    demo_repo: Path, etcd_settings: EtcdSettings, certs: Path, tmp_path: Path
+) -> Iterator[WorkerProcess]:
+    """A worker serving mTLS with the cluster CA, and no token."""
+    env = {
+        "SLUICE_CLUSTER__CA_FILE": str(certs / "ca.pem"),
+        "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
+        "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
+    }
+    worker = WorkerProcess("w-tls", demo_repo, etcd_settings, tmp_path, models="synthetic", env=env)
+    yield worker
+    worker.stop()
+
+
+def client_credentials(ca: Path, cert: str | None, folder: Path) -> grpc.ChannelCredentials:
+    """TLS trusting `ca`, presenting `folder/<cert>.pem` (None: no client certificate)."""
+    if cert is None:
+        return grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes(),
+        private_key=(folder / f"{cert}-key.pem").read_bytes(),
+        certificate_chain=(folder / f"{cert}.pem").read_bytes(),
+    )
+
+
+async def test_mtls_accepts_only_client_certificates_of_the_cluster_ca(
+    tls_worker: WorkerProcess, etcd_settings: EtcdSettings, certs: Path, other_certs: Path
+) -> None:
+    addr = await registered_addr(etcd_settings, "w-tls")
+    ca = certs / "ca.pem"
+    async with grpc.aio.secure_channel(addr, client_credentials(ca, "router-client", certs)) as channel:
+        assert (await status(channel)).worker_id == "w-tls"
+    async with grpc.aio.secure_channel(addr, client_credentials(ca, "admin-client", certs)) as channel:
+        assert (await status(channel)).worker_id == "w-tls"
+    refused = {
+        "no client certificate": grpc.aio.secure_channel(addr, client_credentials(ca, None, certs)),
+        "a certificate from another CA": grpc.aio.secure_channel(
+            addr, client_credentials(ca, "router-client", other_certs)
+        ),
+        "plaintext": grpc.aio.insecure_channel(addr),
+    }
+    for what, channel in refused.items():
+        async with channel:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await status(channel)
+            assert code_of(failed) == grpc.StatusCode.UNAVAILABLE, what
+
+
+async def test_a_router_streams_batches_to_a_worker_over_mtls(
+    make_router: MakeRouter, tls_worker: WorkerProcess, certs: Path
+) -> None:
+
+    cluster = ClusterSettings(
+        ca_file=certs / "ca.pem",
+        cert_file=certs / "router-client.pem",
+        key_file=certs / "router-client-key.pem",
+    )
+    router = await make_router(router=RouterSettings(listen="127.0.0.1:0", metrics_port=0), cluster=cluster)
+    await eventually(lambda: "w-tls" in router.membership.accepting_workers(), 60, "w-tls accepting")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        reply = await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            synthetic_request(1.0), timeout=10
+        )
+    assert reply.parameters["sluice_worker"].string_param == "w-tls"

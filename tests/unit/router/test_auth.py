@@ -1,0 +1,92 @@
+"""router/auth.py's AccessPolicy: which credential each method needs (no server; the directory is real)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ANONYMOUS_TENANT, TenantSettings
+from common.errors import PermissionDenied, SluiceError, Unauthenticated
+from router.auth import AccessPolicy
+from router.policy.tenants import TenantDirectory, hash_api_key
+
+ADMIN = "/sluice.v1.RouterAdmin/ListTenants"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+OPEN = (
+    "/grpc.health.v1.Health/Check",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/inference.GRPCInferenceService/ServerMetadata",
+)
+KEYED = {
+    "gold": TenantSettings(api_keys=[hash_api_key("gold-key")]),
+    "ops": TenantSettings(api_keys=[hash_api_key("ops-key")], admin=True),
+}
+LOCAL = {ANONYMOUS_TENANT: TenantSettings()}
+
+
+def policy(
+    tenants: dict[str, TenantSettings], admin_keys: tuple[str, ...] = (), require_api_key: bool = False
+) -> AccessPolicy:
+    directory = TenantDirectory(tenants, require_api_key=require_api_key)
+    return AccessPolicy(
+        lambda: directory, admin_keys=[hash_api_key(k) for k in admin_keys], require_api_key=require_api_key
+    )
+
+
+def refusal(check: AccessPolicy, method: str, key: str | None) -> type[SluiceError] | None:
+    try:
+        check.check(method, key)
+    except SluiceError as err:
+        return type(err)
+    return None
+
+
+@pytest.mark.parametrize("method", OPEN)
+def test_probes_need_nothing_even_when_keys_are_required(method: str) -> None:
+    assert refusal(policy(KEYED, require_api_key=True), method, None) is None
+
+
+def test_admin_needs_an_admin_key_or_an_admin_tenant() -> None:
+    check = policy(KEYED, admin_keys=("root",))
+    assert refusal(check, ADMIN, None) is Unauthenticated
+    assert refusal(check, ADMIN, "who-knows") is Unauthenticated
+    assert refusal(check, ADMIN, "gold-key") is PermissionDenied
+    assert refusal(check, ADMIN, "ops-key") is None
+    assert refusal(check, ADMIN, "root") is None
+
+
+def test_unlisted_methods_are_admin_only() -> None:
+    assert refusal(policy(KEYED), "/sluice.v1.Future/Method", "gold-key") is PermissionDenied
+
+
+@pytest.mark.parametrize(
+    ("tenants", "admin_keys", "require_api_key", "open_"),
+    [
+        (LOCAL, (), False, True),  # key-less local mode
+        (LOCAL, ("root",), False, False),  # an admin key exists: it is needed
+        (LOCAL, (), True, False),  # keys required
+        ({**LOCAL, **KEYED}, (), False, False),  # some tenant has keys
+    ],
+)
+def test_admin_is_open_only_in_key_less_local_mode(
+    tenants: dict[str, TenantSettings], admin_keys: tuple[str, ...], require_api_key: bool, open_: bool
+) -> None:
+    check = policy(tenants, admin_keys, require_api_key)
+    assert (refusal(check, ADMIN, None) is None) is open_
+
+
+def test_inference_needs_a_tenant() -> None:
+    assert refusal(policy(KEYED), INFER, None) is Unauthenticated
+    assert refusal(policy(KEYED), INFER, "gold-key") is None
+    assert refusal(policy(KEYED), INFER, "nope") is Unauthenticated
+    assert refusal(policy(LOCAL), INFER, None) is None  # the anonymous tenant
+    assert refusal(policy(LOCAL), INFER, "nope") is Unauthenticated  # a wrong key is never anonymous
+
+
+def test_the_directory_is_read_per_call() -> None:
+    directories = [TenantDirectory(LOCAL)]
+    check = AccessPolicy(lambda: directories[-1], admin_keys=[], require_api_key=False)
+    assert refusal(check, ADMIN, None) is None
+    directories.append(TenantDirectory({**LOCAL, **KEYED}))  # an etcd override added keys
+    assert refusal(check, ADMIN, None) is Unauthenticated
