@@ -49,7 +49,9 @@ def test_the_router_bounds_fit_its_memory_limit(
     assert headroom(config, limit) > 0, router_memory_bound(config)
 
 
-def test_the_check_catches_bounds_that_exceed_the_limit(overlays: dict[str, Rendered], tmp_path: Path) -> None:
+def test_the_check_catches_bounds_that_exceed_the_limit(
+    overlays: dict[str, Rendered], tmp_path: Path
+) -> None:
     workload, container = _router(overlays["prod-gpu"])
     config = effective_config(overlays["prod-gpu"], workload, container, tmp_path)
     limit = quantity_bytes(container["resources"]["limits"]["memory"])

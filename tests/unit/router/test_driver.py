@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
+from pydantic import SecretStr
 
 from common.clock import MonotonicClock
+from common.cluster_auth import ClusterClient
 from common.config import (
     AdmissionSettings,
     AutoscaleSettings,
     CacheSettings,
+    ClusterSettings,
     EtcdSettings,
     RouterSettings,
     TenantSettings,
@@ -50,6 +53,8 @@ RECORD = ModelRecord(
     inputs=(TensorSpec(name="input", datatype="FP32", dims=(4,)),),
     outputs=(TensorSpec(name="output", datatype="FP32", dims=(2,)),),
 )
+UNUSED_CLUSTER = ClusterClient(ClusterSettings(token=SecretStr("unused-by-fake-links")))
+"""A fake link never dials; it only needs something to hold."""
 TENANT = Tenant("gold", TenantSettings(rate=1e6, burst=10**6, max_inflight=10**6))
 
 
@@ -57,7 +62,7 @@ class FakeLink(WorkerLink):
     """The router's end of a stream, without the stream: records what is sent; answers if told to."""
 
     def __init__(self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0) -> None:
-        super().__init__(worker_id, "unused:0", lambda *_: None, lambda *_: None)
+        super().__init__(worker_id, "unused:0", lambda *_: None, lambda *_: None, UNUSED_CLUSTER)
         self.driver = driver
         self.fail_sends = fail_sends
         self.sent: list[worker_pb2.RouterMessage] = []
