@@ -28,8 +28,11 @@ pytestmark = pytest.mark.integration
 
 BODY_BYTES = 60 * 1024 * 1024
 CONCURRENT = 16
-RSS_BOUND = 100 * 1024 * 1024
-"""Growth allowed for the router's peak RSS: far below one body, let alone sixteen."""
+RSS_BOUND = 300 * 1024 * 1024
+"""Growth allowed for the router's peak RSS. The bodies are never handed to Python, but gRPC's transport
+takes in what each stream's flow-control window lets the client send before the refusal lands (measured:
+50-110 MB for all sixteen together, varying with the window gRPC's bandwidth probe had grown to); read
+whole, they took 1,600 MB."""
 
 
 def peak_rss(pid: int) -> int:
