@@ -30,7 +30,7 @@ from common.errors import Internal, InvalidArgument, SluiceError
 from common.records import ModelRecord
 from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
-from worker.model_config import ModelConfig
+from worker.model_config import ModelConfig, TensorConfig
 from worker.padding import group_key, stack
 from worker.repository import ModelVersionSpec
 
@@ -302,6 +302,7 @@ def _check_item(config: ModelConfig, item: ExecItem) -> int:
                 f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
             )
         _check_shape(config, spec.name, spec.dims, array.shape)
+        _check_range(spec, array)
         row_counts.add(array.shape[0])
     if len(row_counts) != 1:
         raise InvalidArgument(f"inputs disagree on the batch dim: {sorted(row_counts)}", reason="bad_shape")
@@ -330,6 +331,20 @@ def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: t
                 f"input {name!r}: length {too_long[0]} exceeds the largest bucket {buckets[-1]}",
                 reason="bad_shape",
             )
+
+
+def _check_range(spec: TensorConfig, array: Array) -> None:
+    """InvalidArgument when an element lies outside the input's declared range (the router checks first;
+    this is defence in depth, since an out-of-range index can break a CUDA device for good)."""
+    if spec.range is None or array.size == 0:
+        return
+    lo, hi = spec.range
+    smallest, largest = array.min(), array.max()
+    if smallest < lo or largest > hi:
+        bad = smallest if smallest < lo else largest
+        raise InvalidArgument(
+            f"input {spec.name!r}: value {bad} is outside its range [{lo}, {hi}]", reason="out_of_range"
+        )
 
 
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
@@ -366,13 +381,15 @@ def warmup_lengths(config: ModelConfig) -> list[int]:
 
 def warmup_items(config: ModelConfig, size: int, length: int | None = None) -> list[ExecItem]:
     """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`."""
-    return [ExecItem(i, _zeros_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
+    return [ExecItem(i, _warmup_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
 
 
-def _zeros_row(config: ModelConfig, length: int) -> dict[str, Array]:
-    """One row of zeros per input; variable dims get `length`."""
+def _warmup_row(config: ModelConfig, length: int) -> dict[str, Array]:
+    """One row per input, of zeros (or the declared range's bound nearest zero); variable dims get
+    `length`."""
     inputs = {}
     for spec in config.inputs:
         shape = [1, *(length if d == -1 else d for d in spec.dims)]
-        inputs[spec.name] = np.zeros(shape, dtype=DATATYPES[spec.datatype])
+        value = 0 if spec.range is None else min(max(0, spec.range[0]), spec.range[1])
+        inputs[spec.name] = np.full(shape, value, dtype=DATATYPES[spec.datatype])
     return inputs

@@ -19,7 +19,8 @@ from tests.unit.worker.fakes import (
     synthetic_config,
     write_model,
 )
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel
+from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, warmup_items
+from worker.model_config import ModelConfig
 from worker.repository import scan_repository
 
 RNG = np.random.default_rng(7)
@@ -83,6 +84,37 @@ def test_encoder_length_beyond_largest_bucket(
 ) -> None:
     outcome = executor.run(demo_models["encoder"], [ExecItem(0, {"tokens": np.zeros((1, 129), np.int64)})])[0]
     assert isinstance(outcome.error, InvalidArgument) and "largest bucket 128" in outcome.error.message
+
+
+def test_values_outside_a_declared_range_fail_alone(
+    executor: Executor, demo_models: dict[str, LoadedModel]
+) -> None:
+    encoder = demo_models["encoder"]  # tokens: range [0, 999], the vocabulary
+    lengths_and_peaks = [(5, 999), (5, 1000), (9, 0), (9, -1), (16, 2**40)]
+    items = []
+    for i, (length, peak) in enumerate(lengths_and_peaks):
+        values = RNG.integers(0, 1000, (1, length))
+        values[0, length // 2] = peak
+        items.append(ExecItem(i, {"tokens": values}))
+    outcomes = executor.run(encoder, items)
+    for bad, peak in ((1, 1000), (3, -1), (4, 2**40)):
+        error = outcomes[bad].error
+        assert isinstance(error, InvalidArgument) and error.reason == "out_of_range"
+        assert f"value {peak} is outside its range [0, 999]" in error.message
+    assert ok(outcomes[0])["embedding"].shape == (1, 64) and ok(outcomes[2])["embedding"].shape == (1, 64)
+
+
+def test_warm_up_inputs_respect_declared_ranges() -> None:
+    inputs = [
+        {"name": "a", "datatype": "INT32", "dims": [2], "range": [5, 9]},
+        {"name": "b", "datatype": "INT32", "dims": [2], "range": [-9, -5]},
+        {"name": "c", "datatype": "INT32", "dims": [2], "range": [-3, 3]},
+        {"name": "d", "datatype": "FP32", "dims": [2]},
+    ]
+    config = ModelConfig.model_validate(synthetic_config(inputs=inputs))
+    [item] = warmup_items(config, 1)
+    firsts = {name: int(array[0, 0]) for name, array in item.inputs.items()}
+    assert firsts == {"a": 5, "b": -5, "c": 0, "d": 0}
 
 
 def test_requested_outputs_filter(executor: Executor) -> None:
