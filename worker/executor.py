@@ -1,25 +1,28 @@
 """Runs batches on one device: validate items, stack them, one forward pass, split the outputs back.
 
-Ownership and threading: one Executor per device, driven by ONE thread (the gRPC shell's dedicated
-executor thread); `run` blocks for the whole batch. Invariants:
+Ownership and threading: one Executor per device. Two stages, so the next batch's staging overlaps the
+current forward: `prepare` validates, pads to the bucket, concatenates and starts the host→device copy
+(pinned buffers, non-blocking, on a dedicated copy stream under CUDA); `execute` waits for that copy, runs
+the forward and copies outputs back; every forward (bisection and canary included) runs in `execute`.
+`prepare` and `execute` may run on two threads (the runner's staging and device threads), one batch each
+at a time; `run` is both in sequence and blocks for the whole batch. Invariants:
 - every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
-- a malformed item fails alone (InvalidArgument); the others still run;
-- items are stacked along dim 0 only when their non-batch shapes agree, in forward groups of at most
-  max_batch_size rows (shapes that differ run as separate forwards; padding to buckets comes later);
-- if a forward raises, every item of that forward gets Internal with the exception's message;
+- a malformed item fails alone (InvalidArgument, never blamed on the worker); the others still run;
+- items are stacked along dim 0 only when their padded (bucketed) shapes agree, in forward groups of at
+  most max_batch_size rows (shapes that differ run as separate forwards);
+- a failed forward is isolated exactly (worker/isolation.py): only items that fail alone fail, with
+  Internal and the exception's message;
+- blame: items the model failed are the client's, unless the model also fails its canary (the warm-up
+  input, which warm-up proved it runs): then `worker_fault` is set;
 - returned arrays are C-contiguous and own their memory (no views of batch buffers).
-Two stages, so the next batch's staging overlaps the current forward: `prepare` validates, concatenates
-and starts the host→device copy (pinned buffers, non-blocking, on a dedicated copy stream under CUDA);
-`execute` waits for that copy, runs the forward and copies outputs back. `run` is both in sequence.
-`prepare` and `execute` may run on two threads, one batch each at a time.
 No clock is read here: the shell measures queue and execute time around `execute`.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,7 @@ from common.errors import Internal, InvalidArgument, SluiceError
 from common.records import ModelRecord
 from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
+from worker.isolation import isolate
 from worker.model_config import ModelConfig, TensorConfig
 from worker.padding import group_key, stack
 from worker.repository import ModelVersionSpec
@@ -49,11 +53,13 @@ class ExecItem:
 
 @dataclass(frozen=True)
 class ItemOutcome:
-    """The result for one item: `outputs` (requested names → arrays) or `error`."""
+    """The result for one item: `outputs` (requested names → arrays) or `error`; `worker_fault` when the
+    error is the worker's doing, not the item's (see worker.proto, ItemError.worker_fault)."""
 
     item_id: int
     outputs: dict[str, Array] | None
     error: SluiceError | None
+    worker_fault: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,45 +158,43 @@ class Executor:
     def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
         """Run the staged forwards and split their outputs; one outcome per item, in input order.
 
-        A forward that fails as a whole is bisected: each half is re-run on its own, recursively, so a
-        poison item fails alone and the rest of the batch succeeds; at most `2·⌈log2 n⌉ + 2` extra forwards
-        per failed forward, after which the items not yet isolated fail with the original error.
+        A forward that fails as a whole is isolated exactly (worker/isolation.py: halves re-run until each
+        failing item failed alone; at most 2·n - 2 extra forwards for n items). Then blame (`_blame`).
         """
         if prepared.copied is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.copied)
         outcomes = dict(prepared.outcomes)
+        model, requested = prepared.model, prepared.requested
+        rerun = functools.partial(self._stage_and_forward, model, requested)
+        forwarded: list[int] = []
         for staged in prepared.forwards:
-            results = self._forward(prepared.model, staged, prepared.requested)
-            if len(staged.group) > 1 and all(r.error is not None for r in results):
-                budget = [2 * math.ceil(math.log2(len(staged.group))) + 2]
-                results = self._bisect(prepared.model, staged.group, prepared.requested, results, budget)
-            for planned, outcome in zip(staged.group, results, strict=True):
+            first = self._forward(model, staged, requested)
+            isolated = isolate(staged.group, first, rerun, _suspect)
+            for planned, outcome in zip(staged.group, isolated, strict=True):
                 outcomes[planned.index] = outcome
+                forwarded.append(planned.index)
+        self._blame(model, outcomes, forwarded)
         return [outcomes[index] for index in range(prepared.size)]
 
-    def _bisect(
-        self,
-        model: LoadedModel,
-        group: list[_Planned],
-        requested: list[str],
-        failed: list[ItemOutcome],
-        budget: list[int],
-    ) -> list[ItemOutcome]:
-        if len(group) == 1 or budget[0] <= 0:
-            return failed
-        half = len(group) // 2
-        results: list[ItemOutcome] = []
-        for part in (group[:half], group[half:]):
-            budget[0] -= 1
-            attempt = self._forward(model, self._stage(model, part), requested)
-            if all(r.error is None for r in attempt):
-                results.extend(attempt)
-            else:
-                start = group.index(part[0])
-                results.extend(
-                    self._bisect(model, part, requested, failed[start : start + len(part)], budget)
-                )
-        return results
+    def _blame(self, model: LoadedModel, outcomes: dict[int, ItemOutcome], forwarded: list[int]) -> None:
+        """Mark the forwarded items the model failed as the worker's fault when the worker is to blame.
+
+        Evidence, cheapest first: an item that succeeded proves the device and model work, so the failures
+        are the items' own; else (every item failed, even alone) one canary forward of the warm-up input
+        decides: it passes → the items are at fault (a client sending only bad items must not take the
+        worker out of rotation); it fails → the model or device is broken.
+        """
+        failed = [i for i in forwarded if outcomes[i].error is not None and not outcomes[i].worker_fault]
+        if not failed or any(outcomes[i].error is None for i in forwarded) or self._canary(model):
+            return
+        for index in failed:
+            outcomes[index] = _blamed_on_worker(outcomes[index], "the model also fails its warm-up input")
+
+    def _canary(self, model: LoadedModel) -> bool:
+        """Forward one row of the warm-up input (known good: warm-up ran it); whether it still passes."""
+        item = warmup_items(model.spec.config, 1)[0]
+        [outcome] = self._stage_and_forward(model, [], [_Planned(-1, item, 1)])
+        return outcome.error is None
 
     def warm_up(self, model: LoadedModel) -> None:
         """Run every warm-up batch size in every shape bucket once with zeros; raises Internal if any fails
@@ -205,6 +209,16 @@ class Executor:
                             f"length {length} failed: {outcome.error.message}",
                             reason="warmup_failed",
                         )
+
+    def _stage_and_forward(
+        self, model: LoadedModel, requested: list[str], group: Sequence[_Planned]
+    ) -> list[ItemOutcome]:
+        """Stage and forward `group` now, from `execute` (bisection, canary)."""
+        staged = self._stage(model, list(group))
+        if self._copy_stream is not None:
+            # The copy ran on the copy stream: the forward on the compute stream must wait for it.
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+        return self._forward(model, staged, requested)
 
     def _stage(self, model: LoadedModel, group: list[_Planned]) -> _Staged:
         config = model.spec.config
@@ -274,6 +288,18 @@ def _model_error(model: LoadedModel, rows: int, exc: BaseException) -> Internal:
     )
     error.__cause__ = exc
     return error
+
+
+def _blamed_on_worker(outcome: ItemOutcome, cause: str) -> ItemOutcome:
+    assert outcome.error is not None
+    error = Internal(f"{outcome.error.message} (the worker is at fault: {cause})", reason="worker_fault")
+    error.__cause__ = outcome.error.__cause__
+    return replace(outcome, error=error, worker_fault=True)
+
+
+def _suspect(outcomes: list[ItemOutcome]) -> bool:
+    """A forward worth halving: it failed (whole: a forward passes or fails for all its items)."""
+    return outcomes[0].error is not None
 
 
 def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -380,7 +406,8 @@ def warmup_lengths(config: ModelConfig) -> list[int]:
 
 
 def warmup_items(config: ModelConfig, size: int, length: int | None = None) -> list[ExecItem]:
-    """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`."""
+    """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`; one of
+    them is also the canary that tells a broken model from bad items."""
     return [ExecItem(i, _warmup_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
 
 

@@ -101,6 +101,7 @@ def test_values_outside_a_declared_range_fail_alone(
         error = outcomes[bad].error
         assert isinstance(error, InvalidArgument) and error.reason == "out_of_range"
         assert f"value {peak} is outside its range [0, 999]" in error.message
+        assert not outcomes[bad].worker_fault
     assert ok(outcomes[0])["embedding"].shape == (1, 64) and ok(outcomes[2])["embedding"].shape == (1, 64)
 
 

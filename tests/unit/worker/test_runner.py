@@ -1,4 +1,5 @@
-"""BatchRunner: one result per batch with an outcome per item, skips, and staging overlapping execution."""
+"""BatchRunner: one result per batch with an outcome per item, skips, staging overlapping execution, and
+blame on the wire."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ import torch
 from common.errors import Code
 from common.pb.sluice.v1 import worker_pb2
 from common.tensors import from_wire, to_wire
-from tests.unit.worker.fakes import RecordingBackend, fake_model, synthetic_config
+from tests.unit.worker.fakes import (
+    FailingBackend,
+    RecordingBackend,
+    fake_model,
+    synthetic_config,
+)
+from worker.backends.synthetic import POISON, SyntheticBackend
 from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
 from worker.metrics import WorkerMetrics
+from worker.model_config import ModelConfig
 from worker.runner import BatchRunner, StreamState
 
 MODEL = fake_model(synthetic_config(), RecordingBackend())
@@ -116,3 +124,28 @@ async def test_next_batch_is_staged_while_the_current_one_executes() -> None:
     await run_batches(runner, batch(1, [1]), batch(2, [2]), stream=StreamState())
     kinds = [kind for kind, _ in sorted(executor.events, key=lambda e: e[1])]
     assert kinds == ["prepare", "prepare", "executed", "executed"]
+
+
+def poisoned(batch_id: int, values: Sequence[float]) -> worker_pb2.Batch:
+    message = worker_pb2.Batch(batch_id=batch_id, model="toy", version="1")
+    for item_id, value in enumerate(values):
+        message.items.add(item_id=item_id, inputs=[to_wire("x", np.full((1, 4), value, "<f4"))])
+    return message
+
+
+async def test_item_errors_say_whether_the_worker_is_to_blame() -> None:
+    config = synthetic_config()
+    working = fake_model(config, SyntheticBackend(ModelConfig.model_validate(config), "cpu"))
+    broken = fake_model(synthetic_config("broken"), FailingBackend())
+    models = {("toy", "1"): working, ("broken", "1"): broken}
+    runner = BatchRunner(Executor(), models, WorkerMetrics())
+    only_bad = poisoned(1, [POISON, POISON])
+    on_broken = batch(2, [1, 2], model="broken")
+    unknown = batch(3, [1], model="absent")
+    results = await run_batches(runner, only_bad, on_broken, unknown, stream=StreamState())
+    blame = {r.batch_id: [(i.error.code, i.error.worker_fault) for i in r.items] for r in results}
+    assert blame == {
+        1: [(Code.INTERNAL, False)] * 2,  # the model runs its canary: these items are the client's doing
+        2: [(Code.INTERNAL, True)] * 2,  # the model fails its canary too: the worker is broken
+        3: [(Code.NOT_FOUND, True)],  # the router believed this worker serves it
+    }
