@@ -13,7 +13,9 @@ at a time; `run` is both in sequence and blocks for the whole batch. Invariants:
 - a failed forward is isolated exactly (worker/isolation.py): only items that fail alone fail, with
   Internal and the exception's message;
 - blame: items the model failed are the client's, unless the model also fails its canary (the warm-up
-  input, which warm-up proved it runs): then `worker_fault` is set;
+  input, which warm-up proved it runs) or the device faulted: then `worker_fault` is set;
+- after a fatal device error (worker/faults.py) `fault` is set for good and nothing touches the device
+  again: every later item fails at once, blamed on the worker;
 - returned arrays are C-contiguous and own their memory (no views of batch buffers).
 No clock is read here: the shell measures queue and execute time around `execute`.
 """
@@ -33,6 +35,7 @@ from common.errors import Internal, InvalidArgument, SluiceError
 from common.records import ModelRecord
 from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
+from worker.faults import is_fatal_device_error
 from worker.isolation import isolate
 from worker.model_config import ModelConfig, TensorConfig
 from worker.padding import group_key, stack
@@ -116,6 +119,13 @@ class Executor:
         torch.set_num_threads(torch_threads)
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
+        self._fault: Internal | None = None
+
+    @property
+    def fault(self) -> Internal | None:
+        """The fatal device error this executor met, if any: from then on its device is never used again
+        and the process must be replaced (worker/faults.py)."""
+        return self._fault
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         """Load `spec` onto this executor's device (not yet warmed up)."""
@@ -179,16 +189,21 @@ class Executor:
     def _blame(self, model: LoadedModel, outcomes: dict[int, ItemOutcome], forwarded: list[int]) -> None:
         """Mark the forwarded items the model failed as the worker's fault when the worker is to blame.
 
-        Evidence, cheapest first: an item that succeeded proves the device and model work, so the failures
-        are the items' own; else (every item failed, even alone) one canary forward of the warm-up input
-        decides: it passes → the items are at fault (a client sending only bad items must not take the
-        worker out of rotation); it fails → the model or device is broken.
+        Evidence, cheapest first: a device fault blames the worker (CUDA reports errors late and for the
+        whole context, so no item can be singled out); else an item that succeeded proves the device and
+        model work, so the failures are the items' own; else (every item failed, even alone) one canary
+        forward of the warm-up input decides: it passes → the items are at fault (a client sending only
+        bad items must not take the worker out of rotation); it fails → the model or device is broken.
         """
         failed = [i for i in forwarded if outcomes[i].error is not None and not outcomes[i].worker_fault]
-        if not failed or any(outcomes[i].error is None for i in forwarded) or self._canary(model):
+        if not failed:
             return
+        some_passed = any(outcomes[i].error is None for i in forwarded)
+        if self._fault is None and (some_passed or self._canary(model)):
+            return
+        cause = self._fault.message if self._fault else "the model also fails its warm-up input"
         for index in failed:
-            outcomes[index] = _blamed_on_worker(outcomes[index], "the model also fails its warm-up input")
+            outcomes[index] = _blamed_on_worker(outcomes[index], cause)
 
     def _canary(self, model: LoadedModel) -> bool:
         """Forward one row of the warm-up input (known good: warm-up ran it); whether it still passes."""
@@ -235,6 +250,8 @@ class Executor:
     def _forward(self, model: LoadedModel, staged: _Staged, requested: list[str]) -> list[ItemOutcome]:
         config = model.spec.config
         group, rows = staged.group, staged.rows
+        if self._fault is not None:
+            return [ItemOutcome(p.item.item_id, None, self._fault, worker_fault=True) for p in group]
         try:
             if staged.tensors is None:
                 raise staged.error or RuntimeError("inputs were not staged")
@@ -244,7 +261,11 @@ class Executor:
             _check_outputs(config, arrays, rows)
         except Exception as exc:
             # The model's own code may raise anything; it concerns this forward's items only, and the
-            # message travels to the client (the shell logs the traceback from __cause__).
+            # message travels to the client (the shell logs the traceback from __cause__) -- unless the
+            # device itself is broken, which concerns everything from now on.
+            if is_fatal_device_error(exc):
+                self._fault = _device_fault(model, self.device, exc)
+                return [ItemOutcome(p.item.item_id, None, self._fault, worker_fault=True) for p in group]
             error = exc if isinstance(exc, Internal) else _model_error(model, rows, exc)
             return [ItemOutcome(p.item.item_id, None, error) for p in group]
         outcomes = []
@@ -290,6 +311,16 @@ def _model_error(model: LoadedModel, rows: int, exc: BaseException) -> Internal:
     return error
 
 
+def _device_fault(model: LoadedModel, device: torch.device, exc: BaseException) -> Internal:
+    error = Internal(
+        f"device {device} failed running {model.spec.config.name!r} v{model.spec.version} and cannot be "
+        f"used again; the worker is restarting: {type(exc).__name__}: {exc}",
+        reason="device_fault",
+    )
+    error.__cause__ = exc
+    return error
+
+
 def _blamed_on_worker(outcome: ItemOutcome, cause: str) -> ItemOutcome:
     assert outcome.error is not None
     error = Internal(f"{outcome.error.message} (the worker is at fault: {cause})", reason="worker_fault")
@@ -298,8 +329,8 @@ def _blamed_on_worker(outcome: ItemOutcome, cause: str) -> ItemOutcome:
 
 
 def _suspect(outcomes: list[ItemOutcome]) -> bool:
-    """A forward worth halving: it failed (whole: a forward passes or fails for all its items)."""
-    return outcomes[0].error is not None
+    """A forward worth halving: it failed, and not because the device is gone (that repeats anyway)."""
+    return outcomes[0].error is not None and not outcomes[0].worker_fault
 
 
 def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -164,6 +164,10 @@ class SyntheticConfig(_Strict):
     per_token_ms: float = Field(default=0.0, ge=0)
     """Added cost per row and per element of a variable-length input (after padding), in milliseconds:
     long inputs cost more, as with a sequence model (simulated)."""
+    fault_trigger: float | None = None
+    """TEST/DEMO ONLY, a SIMULATED device fault: a forward whose first input starts a row with this value
+    raises what a CUDA device-side assert raises, and so does every later forward (a real CUDA context
+    stays broken), so the worker's device-fault exit can be exercised on a CPU. Unset: never."""
 
 
 class ModelConfig(_Strict):
@@ -239,13 +243,6 @@ class ModelConfig(_Strict):
             if len(variable) != 1 or variable[0].dims.count(-1) != 1:
                 raise _key_error("batching.mask_input", "needs exactly one input with one variable dim")
 
-    @property
-    def warmup_sizes(self) -> tuple[int, ...]:
-        """The batch sizes to warm up with: `warmup_batch_sizes`, or (1, max_batch_size)."""
-        if self.warmup_batch_sizes:
-            return self.warmup_batch_sizes
-        return tuple(sorted({1, self.max_batch_size}))
-
     def _check_ranges(self) -> None:
         for index, output in enumerate(self.outputs):
             if output.range is not None:
@@ -259,6 +256,13 @@ class ModelConfig(_Strict):
             lo, hi = tensor.range
             if not lo <= pad <= hi:
                 raise _key_error("batching.pad_value", f"{pad} is outside inputs.{index}.range [{lo}, {hi}]")
+
+    @property
+    def warmup_sizes(self) -> tuple[int, ...]:
+        """The batch sizes to warm up with: `warmup_batch_sizes`, or (1, max_batch_size)."""
+        if self.warmup_batch_sizes:
+            return self.warmup_batch_sizes
+        return tuple(sorted({1, self.max_batch_size}))
 
     @property
     def masked_input(self) -> TensorConfig | None:

@@ -6,6 +6,11 @@ out before staging; an item cancelled while executing gets CANCELLED instead of 
 error says whether the worker is to blame (`ItemError.worker_fault`: the executor's blame, a worker bug,
 a model this worker does not serve) or not (the item's own fault, a cancellation, a deadline).
 
+One exception: a device fault (worker/faults.py). The batch that met it is answered (its items blamed on
+the worker), `on_device_fault` is called once, and every batch not yet run is dropped unanswered, never
+touching the device again: the worker is leaving, its streams close, and routers treat those items as
+lost with the worker (re-dispatched elsewhere) — the item that broke the device was in the answered batch.
+
 Two stages on two threads, so the event loop keeps reading streams and the device never waits for host
 work: the staging thread decodes, validates, concatenates and starts the copy to the device of batch N+1
 while the device thread runs the forward of batch N, and any re-run of it (bisection, the canary). At most
@@ -85,8 +90,10 @@ class BatchRunner:
         *,
         now: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
+        on_device_fault: Callable[[Internal], None] | None = None,
     ) -> None:
         self._executor = executor
+        self._on_device_fault = on_device_fault
         self._tracer = tracer or NoOpTracer()
         self._models = models
         self._metrics = metrics
@@ -168,7 +175,8 @@ class BatchRunner:
         while True:
             ready = await self._ready.get()
             try:
-                await self._answer(ready)
+                if self._executor.fault is None:  # else dropped unanswered (module docstring)
+                    await self._answer(ready)
             finally:
                 self._pending -= 1
                 self._queued_items -= len(ready.work.batch.items)
@@ -177,7 +185,8 @@ class BatchRunner:
                     self._idle.set()
 
     async def _answer(self, ready: _Ready) -> None:
-        """Execute one batch and send its result."""
+        """Execute one batch, send its result, and report a device fault it met (once: later batches are
+        dropped)."""
         try:
             result = await self._execute(ready)
         except Exception as exc:  # a bug must fail this batch's items, not stop the worker
@@ -185,9 +194,14 @@ class BatchRunner:
             result = worker_pb2.BatchResult(batch_id=ready.work.batch.batch_id)
             result.items.extend(_fail_all(ready.work.batch, exc))
         ready.work.stream.send(worker_pb2.WorkerMessage(result=result))
+        fault = self._executor.fault
+        if fault is not None and self._on_device_fault is not None:
+            self._on_device_fault(fault)
 
     async def _stage(self, work: _Work) -> _Ready:
         batch = work.batch
+        if self._executor.fault is not None:  # will be dropped: the device must not be touched again
+            return _Ready(work, [], [], None)
         model = self._models.get((batch.model, batch.version))
         if model is None:
             # The router believed this worker serves it: the item is not to blame.

@@ -83,6 +83,21 @@ class CountingBackend:
         return self._inner.forward(inputs)
 
 
+class RaisingBackend:
+    """Raises the given exception on every forward (a model bug, or a device error)."""
+
+    name = "fake"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Always raise `exc`."""
+        self.calls += 1
+        raise self.exc
+
+
 class FailingBackend:
     """Raises on every forward, like a model hitting a bug."""
 

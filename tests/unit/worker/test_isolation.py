@@ -112,3 +112,4 @@ def test_a_model_that_fails_everything_is_blamed_on_the_worker() -> None:
         assert "boom" in outcome.error.message and "warm-up input" in outcome.error.message
     assert outcomes[4].error is not None and outcomes[4].error.code == Code.INVALID_ARGUMENT
     assert not outcomes[4].worker_fault
+    assert executor.fault is None  # a broken model is not a broken device: the worker stays up

@@ -1,5 +1,5 @@
-"""BatchRunner: one result per batch with an outcome per item, skips, staging overlapping execution, and
-blame on the wire."""
+"""BatchRunner: one result per batch with an outcome per item, skips, staging overlapping execution, blame
+on the wire, and what happens after a device fault."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from common.errors import Code
+from common.errors import Code, Internal
 from common.pb.sluice.v1 import worker_pb2
 from common.tensors import from_wire, to_wire
 from tests.unit.worker.fakes import (
+    CountingBackend,
     FailingBackend,
     RecordingBackend,
     fake_model,
@@ -149,3 +150,31 @@ async def test_item_errors_say_whether_the_worker_is_to_blame() -> None:
         2: [(Code.INTERNAL, True)] * 2,  # the model fails its canary too: the worker is broken
         3: [(Code.NOT_FOUND, True)],  # the router believed this worker serves it
     }
+
+
+async def test_after_a_device_fault_only_the_faulted_batch_is_answered() -> None:
+    simulated = synthetic_config(synthetic={"base_ms": 0, "per_item_ms": 0, "fault_trigger": 7.0})
+    backend = CountingBackend(SyntheticBackend(ModelConfig.model_validate(simulated), "cpu"))
+    faults: list[Internal] = []
+    runner = BatchRunner(
+        Executor(),
+        {("toy", "1"): fake_model(simulated, backend)},
+        WorkerMetrics(),
+        on_device_fault=faults.append,
+    )
+    stream = StreamState()
+    runner.start()
+    try:
+        for message in (poisoned(1, [1.0, 7.0]), poisoned(2, [1.0]), poisoned(3, [2.0])):
+            runner.submit(message, stream)
+        [result] = await results(stream, 1)
+        assert await runner.wait_idle(within_s=5)
+    finally:
+        await runner.stop()
+    assert result.batch_id == 1
+    assert [(i.error.code, i.error.worker_fault) for i in result.items] == [(Code.INTERNAL, True)] * 2
+    assert "device-side assert" in result.items[0].error.message
+    assert len(faults) == 1 and faults[0].reason == "device_fault"
+    assert stream.outbox.empty()  # batches 2 and 3 are never answered: routers re-dispatch them
+    assert backend.rows == [2]  # nor run: the device is never touched again
+    assert runner.pending_batches == 0
