@@ -7,7 +7,8 @@ the forward and copies outputs back; every forward (bisection and canary include
 `prepare` and `execute` may run on two threads (the runner's staging and device threads), one batch each
 at a time; `run` is both in sequence and blocks for the whole batch. Invariants:
 - every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
-- a malformed item fails alone (InvalidArgument, never blamed on the worker); the others still run;
+- a malformed item (worker/validation.py) fails alone with InvalidArgument, never blamed on the worker;
+  the others still run;
 - items are stacked along dim 0 only when their padded (bucketed) shapes agree, in forward groups of at
   most max_batch_size rows (shapes that differ run as separate forwards);
 - a failed forward is isolated exactly (worker/isolation.py): only items that fail alone fail, with
@@ -37,9 +38,10 @@ from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
 from worker.faults import is_fatal_device_error
 from worker.isolation import isolate
-from worker.model_config import ModelConfig, TensorConfig
+from worker.model_config import ModelConfig
 from worker.padding import group_key, stack
 from worker.repository import ModelVersionSpec
+from worker.validation import check_outputs, item_rows
 
 Array = npt.NDArray[Any]
 # Length used for variable dims during warm-up when the input declares no buckets.
@@ -156,7 +158,7 @@ class Executor:
         valid: list[_Planned] = []
         for index, item in enumerate(items):
             try:
-                valid.append(_Planned(index, item, _check_item(config, item)))
+                valid.append(_Planned(index, item, item_rows(config, item.inputs)))
             except InvalidArgument as exc:
                 prepared.outcomes[index] = ItemOutcome(item.item_id, None, exc)
         prepared.forwards = [self._stage(model, group) for group in _forward_groups(config, valid)]
@@ -258,7 +260,7 @@ class Executor:
             with torch.inference_mode():
                 produced = model.backend.forward(staged.tensors)
             arrays = self._to_host({name: _output(produced, name) for name in requested})
-            _check_outputs(config, arrays, rows)
+            check_outputs(config, arrays, rows)
         except Exception as exc:
             # The model's own code may raise anything; it concerns this forward's items only, and the
             # message travels to the client (the shell logs the traceback from __cause__) -- unless the
@@ -339,71 +341,6 @@ def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     return produced[name]
 
 
-def _check_item(config: ModelConfig, item: ExecItem) -> int:
-    """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
-    expected = {t.name for t in config.inputs}
-    missing = sorted(expected - set(item.inputs))
-    extra = sorted(set(item.inputs) - expected)
-    if missing or extra:
-        raise InvalidArgument(
-            f"model {config.name!r} takes inputs {sorted(expected)}; missing {missing}, unexpected {extra}",
-            reason="bad_input",
-        )
-    row_counts = set()
-    for spec in config.inputs:
-        array = item.inputs[spec.name]
-        want = DATATYPES[spec.datatype]
-        if not isinstance(array, np.ndarray) or array.dtype != want:
-            got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
-            raise InvalidArgument(
-                f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
-            )
-        _check_shape(config, spec.name, spec.dims, array.shape)
-        _check_range(spec, array)
-        row_counts.add(array.shape[0])
-    if len(row_counts) != 1:
-        raise InvalidArgument(f"inputs disagree on the batch dim: {sorted(row_counts)}", reason="bad_shape")
-    rows = row_counts.pop()
-    if not 1 <= rows <= config.max_batch_size:
-        raise InvalidArgument(
-            f"a request carries {rows} rows; model {config.name!r} takes 1..{config.max_batch_size}",
-            reason="bad_shape",
-        )
-    return int(rows)
-
-
-def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
-    wanted = [-1, *dims]
-    fits = len(shape) == len(wanted) and all(w in (-1, s) for w, s in zip(wanted, shape, strict=True))
-    if not fits:
-        raise InvalidArgument(
-            f"input {name!r}: expected shape {wanted} (batch first, -1 variable), got {list(shape)}",
-            reason="bad_shape",
-        )
-    buckets = config.batching.buckets.get(name)
-    if buckets:
-        too_long = [s for w, s in zip(dims, shape[1:], strict=True) if w == -1 and s > buckets[-1]]
-        if too_long:
-            raise InvalidArgument(
-                f"input {name!r}: length {too_long[0]} exceeds the largest bucket {buckets[-1]}",
-                reason="bad_shape",
-            )
-
-
-def _check_range(spec: TensorConfig, array: Array) -> None:
-    """InvalidArgument when an element lies outside the input's declared range (the router checks first;
-    this is defence in depth, since an out-of-range index can break a CUDA device for good)."""
-    if spec.range is None or array.size == 0:
-        return
-    lo, hi = spec.range
-    smallest, largest = array.min(), array.max()
-    if smallest < lo or largest > hi:
-        bad = smallest if smallest < lo else largest
-        raise InvalidArgument(
-            f"input {spec.name!r}: value {bad} is outside its range [{lo}, {hi}]", reason="out_of_range"
-        )
-
-
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
     """Items of equal padded (bucketed) shape, in arrival order, cut so no group exceeds max_batch_size
     rows."""
@@ -415,19 +352,6 @@ def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Pl
             groups.append([])
         groups[-1].append(planned)
     return [group for groups in by_shape.values() for group in groups]
-
-
-def _check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> None:
-    """Raise ValueError when the model's outputs disagree with the config (caught as Internal)."""
-    by_name = {t.name: t for t in config.outputs}
-    for name, array in arrays.items():
-        spec = by_name[name]
-        if array.dtype != DATATYPES[spec.datatype]:
-            raise ValueError(f"output {name!r} is {array.dtype}, config declares {spec.datatype}")
-        wanted = [rows, *spec.dims]
-        shape = list(array.shape)
-        if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
-            raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
 
 
 def warmup_lengths(config: ModelConfig) -> list[int]:
