@@ -12,8 +12,9 @@ Cost (n ≥ 2 items whose joint forward failed; ⌈·⌉ = ceiling):
   each forwarded once; a binary tree with n leaves has n - 1 internal nodes.
 - at most **2·k·⌈log2 n⌉** extra forwards when a forward fails exactly when it holds one of k bad items:
   halving makes the tree ⌈log2 n⌉ deep, so nodes of ≥ 2 items sit at depths 0 … ⌈log2 n⌉ - 1; the nodes
-  at one depth are disjoint, so at most k of them hold a bad item and fail; each failing one costs two
-  forwards. (n = 32: k = 1 → ≤ 10, k = 2 → ≤ 20, k = 4 → ≤ 40, never more than 62.)
+  at one depth are disjoint, so at most min(k, 2^d) of those at depth d hold a bad item and fail; each
+  failing one costs two forwards: 2·Σ min(k, 2^d) ≤ 2·k·⌈log2 n⌉. (n = 32: k = 1 → 10, k = 2 → ≤ 18,
+  k = 4 → ≤ 30, k = 8 → ≤ 46; never more than 62.)
 - at most **R·⌈log2 n⌉** rows in those extra forwards (R: the failed forward's rows; n·⌈log2 n⌉ for
   one-row items): each depth forwards disjoint parts of the group, so each row at most once per depth.
   This is the price of exactness a hostile client can make one batch pay: a batch of 32 one-row items

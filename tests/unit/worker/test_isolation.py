@@ -20,6 +20,15 @@ N = 32
 LOG2_N = math.ceil(math.log2(N))
 
 
+def forward_bound(n: int, k: int) -> int:
+    """worker/isolation.py's bound on extra forwards for k bad items in n: 2·Σ_{d<⌈log2 n⌉} min(k, 2^d)
+    (at most 2·k·⌈log2 n⌉), and never more than 2n - 2."""
+    depth = math.ceil(math.log2(n)) if n > 1 else 0
+    by_depth = 2 * sum(min(k, 1 << d) for d in range(depth))
+    assert by_depth <= 2 * k * depth
+    return min(by_depth, max(0, 2 * n - 2))
+
+
 def poisonable(max_batch_size: int = N) -> tuple[LoadedModel, CountingBackend]:
     """The synthetic model (y = 2x + 1, zero latency; a row starting with POISON fails its forward),
     counting the rows of every forward."""
@@ -61,7 +70,7 @@ def test_k_bad_items_in_32_fail_exactly_those_within_the_forward_bound(bad: list
     # The first forward is the batch itself. No canary follows (some items passed): with k = 1 isolation
     # takes exactly 2·log2(32) = 10 extra forwards, the bound, so a canary would exceed it.
     extra = backend.rows[1:]
-    assert len(extra) <= 2 * k * LOG2_N and len(extra) <= 2 * N - 2
+    assert len(extra) <= forward_bound(N, k)  # 10, 18, 30 for k = 1, 2, 4
     assert sum(extra) <= N * LOG2_N
 
 
@@ -81,7 +90,7 @@ def test_isolate_is_exact_and_bounded_for_every_bad_set(n: int) -> None:
         passed = isolate(list(range(n)), run(list(range(n))), run, lambda outcomes: not outcomes[0])
         assert [i for i in range(n) if not passed[i]] == sorted(bad)
         extra = calls[1:]
-        assert len(extra) <= min(2 * len(bad) * log2, 2 * n - 2)
+        assert len(extra) <= forward_bound(n, len(bad))
         assert sum(len(part) for part in extra) <= n * log2
 
 
