@@ -9,20 +9,18 @@ import asyncio
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
-import yaml
 
 from cli.commands import EXIT_NOT_SERVING, health
 from common.config import EtcdSettings, SluiceConfig, WorkerSettings
 from common.etcd import worker_key
 from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import worker_pb2
-from router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_etcd import read_key
+from tests.integration.test_failures import call, request
 from tests.support.processes import eventually
+from tests.unit.worker.fakes import synthetic_config, write_model
 from worker.faults import EXIT_DEVICE_FAULT
 from worker.main import WorkerProcess
 
@@ -32,40 +30,27 @@ TRIGGER = 666.0
 
 
 def faulty_repository(root: Path) -> Path:
-    """`faulty`: a SIMULATED model (1 ms per batch) whose device breaks on a row starting with TRIGGER."""
-    folder = root / "faulty"
-    (folder / "1").mkdir(parents=True)
-    config = {
-        "name": "faulty",
-        "backend": "synthetic",
-        "inputs": [{"name": "x", "datatype": "FP32", "dims": [4]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}],
-        "max_batch_size": 8,
-        "synthetic": {"base_ms": 1.0, "per_item_ms": 0.0, "fault_trigger": TRIGGER},
-    }
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    """A SIMULATED model (1 ms per batch) whose device breaks on a row starting with TRIGGER; named and
+    shaped like the demo `synthetic` model (x, y: FP32 [16]) so test_failures' request helpers apply."""
+    tensor = {"datatype": "FP32", "dims": [16]}
+    config = synthetic_config(
+        "synthetic",
+        inputs=[{"name": "x", **tensor}],
+        outputs=[{"name": "y", **tensor}],
+        synthetic={"base_ms": 1.0, "per_item_ms": 0.0, "fault_trigger": TRIGGER},
+    )
+    write_model(root, config)
     return root
-
-
-async def infer(router: RouterServer, value: float) -> kserve.ModelInferResponse | grpc.StatusCode:
-    message = kserve.ModelInferRequest(model_name="faulty")
-    message.inputs.add(name="x", datatype="FP32", shape=[1, 4])
-    message.raw_input_contents.append(np.full((1, 4), value, "<f4").tobytes())
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
-        try:
-            return await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=30)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
 
 
 async def test_a_faulted_worker_process_leaves_etcd_and_exits_to_be_restarted(
     make_router: MakeRouter, spawn: Spawn, etcd_settings: EtcdSettings, tmp_path: Path
 ) -> None:
     router = await make_router()
-    worker = spawn("w-fault", models="faulty", repository=faulty_repository(tmp_path / "models"))
+    worker = spawn("w-fault", models="synthetic", repository=faulty_repository(tmp_path / "models"))
     await eventually(lambda: "w-fault" in router.membership.accepting_workers(), 60, "worker accepted")
-    assert isinstance(await infer(router, 1.0), kserve.ModelInferResponse)
-    assert await infer(router, TRIGGER) == grpc.StatusCode.INTERNAL
+    assert isinstance(await call(router, request(1.0)), kserve.ModelInferResponse)
+    assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
     code = await asyncio.to_thread(worker.wait, 30)
     assert code == EXIT_DEVICE_FAULT, worker.log()
     # Revoked, not expired: the lease (TTL 2 s, refreshed every ~0.67 s) would outlive the process by
@@ -81,13 +66,13 @@ async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
     """In-process, so the state between the fault and the exit can be looked at."""
     router = await make_router()
     settings = WorkerSettings(
-        repository=faulty_repository(tmp_path / "models"), models=["faulty"], worker_id="w-inproc"
+        repository=faulty_repository(tmp_path / "models"), models=["synthetic"], worker_id="w-inproc"
     )
     worker = WorkerProcess(SluiceConfig(etcd=etcd_settings, worker=settings))
     await worker.start()
     try:
         await eventually(lambda: "w-inproc" in router.membership.accepting_workers(), 30, "worker accepted")
-        assert await infer(router, TRIGGER) == grpc.StatusCode.INTERNAL
+        assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
         await asyncio.wait_for(worker.faulted.wait(), 10)
         assert worker.state.state == worker_pb2.WORKER_STATE_DRAINING
         # The probe Kubernetes runs (`sluice health`): 4 means reachable but not SERVING.
