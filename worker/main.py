@@ -204,8 +204,8 @@ class WorkerProcess:
     async def drain(self) -> None:
         """Mark draining everywhere, finish accepted batches, revoke the lease (once)."""
         async with self._drain_lock:
-            if self.drained.is_set():
-                return
+            if self.drained.is_set() or self._leaving is not None:
+                return  # drained already, or leaving after a device fault (nothing left to finish)
             log.info("worker %s draining", self.worker_id)
             self.state.set(worker_pb2.WORKER_STATE_DRAINING)
             await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -82,5 +82,7 @@ async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
             lambda: "w-inproc" not in router.membership.accepting_workers(), 5, "no more batches for it"
         )
         assert worker.executor.fault is not None
+        await asyncio.wait_for(worker.drain(), 1)  # a SIGTERM now finds nothing to drain, and no error
+        assert not worker.drained.is_set()
     finally:
         await worker.stop(grace=0.1)
