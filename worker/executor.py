@@ -208,9 +208,12 @@ class Executor:
             outcomes[index] = _blamed_on_worker(outcomes[index], cause)
 
     def _canary(self, model: LoadedModel) -> bool:
-        """Forward one row of the warm-up input (known good: warm-up ran it); whether it still passes."""
-        item = warmup_items(model.spec.config, 1)[0]
-        [outcome] = self._stage_and_forward(model, [], [_Planned(-1, item, 1)])
+        """Forward one row of the warm-up input (known good: warm-up ran it); whether it still passes,
+        every declared output checked as warm-up checked it."""
+        config = model.spec.config
+        item = warmup_items(config, 1)[0]
+        outputs = [t.name for t in config.outputs]
+        [outcome] = self._stage_and_forward(model, outputs, [_Planned(-1, item, 1)])
         return outcome.error is None
 
     def warm_up(self, model: LoadedModel) -> None:

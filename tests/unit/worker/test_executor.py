@@ -141,6 +141,7 @@ def test_output_not_matching_config_is_internal(executor: Executor) -> None:
     model = fake_model(synthetic_config(), WrongDtypeBackend())
     outcome = executor.run(model, [ExecItem(0, {"x": np.ones((1, 4), np.float32)})])[0]
     assert isinstance(outcome.error, Internal) and "float64" in outcome.error.message
+    assert outcome.worker_fault  # the canary's outputs are wrong too: the model is broken, not the item
 
 
 def test_groups_respect_max_batch_size(executor: Executor) -> None:
