@@ -8,6 +8,10 @@ The router ↔ worker hop is always authenticated (docs/security.md): by default
 for this run (a 0600 file in the run's folder, removed at exit); with `--tls`, with mTLS from development
 certificates (`sluice certs dev`), and the client port and etcd speak TLS too. A `--config` that already
 sets cluster credentials keeps them.
+
+A worker that exits with EXIT_DEVICE_FAULT (its device broke; worker/faults.py) is started again, as
+Kubernetes would restart its container, at most RESTART_LIMIT times in any RESTART_WINDOW_S per worker;
+past that it stays down (a device that breaks on every start needs a human). Any other exit is reported.
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from cli.certs import has_dev_certs, write_dev_certs
 from common.config import ConfigError, load_config
+from worker.faults import EXIT_DEVICE_FAULT
 
 PR_SET_PDEATHSIG = 1
 TOKEN_ENV = "SLUICE_CLUSTER__TOKEN_FILE"
 STOP_TIMEOUT_S = 35.0
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -72,6 +80,7 @@ class Child:
         self, name: str, argv: list[str], log_dir: Path | None, env: dict[str, str] | None = None
     ) -> None:
         self.name = name
+        self._argv, self._log_dir, self._env = argv, log_dir, env
         self.log_path = None if log_dir is None else log_dir / f"{name}.log"
         self._log: IO[bytes] | None = None if self.log_path is None else self.log_path.open("ab")
         self._terminated = False
@@ -81,7 +90,8 @@ class Child:
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
             env=None if env is None else {**os.environ, **env},
-            # Safe here: children start before `sluice up` creates any thread (gRPC channels come later).
+            # Safe here: `sluice up` runs no other thread when it starts a child: before its first gRPC
+            # channel, or (a restart) once every channel it opened is closed, and gRPC then stops its own.
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
 
@@ -106,6 +116,66 @@ class Child:
         if self._log:
             self._log.close()
         return code
+
+    def restart(self) -> Child:
+        """The same command started again (its log appended to), once this one has exited."""
+        if self._log:
+            self._log.close()
+        return Child(self.name, self._argv, self._log_dir, self._env)
+
+
+class RestartBudget:
+    """At most `limit` restarts in any `window_s` seconds (a sliding window over restart times)."""
+
+    def __init__(self, limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S) -> None:
+        self._limit = limit
+        self._window_s = window_s
+        self._restarts: deque[float] = deque()
+
+    def take(self, now: float) -> bool:
+        """Whether one more restart at `now` is within budget (and if so, count it)."""
+        while self._restarts and self._restarts[0] <= now - self._window_s:
+            self._restarts.popleft()
+        if len(self._restarts) >= self._limit:
+            return False
+        self._restarts.append(now)
+        return True
+
+
+class Supervisor:
+    """Looks after running children: restarts workers that left after a device fault, within each one's
+    RestartBudget, reports every other exit once, and says when the cluster can no longer serve."""
+
+    def __init__(
+        self, children: list[Child], limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S
+    ) -> None:
+        # Entries are replaced in place when a worker restarts, so stop_cluster stops the new process.
+        self.children = children
+        self._budgets: dict[str, RestartBudget] = {}
+        self._limit = limit
+        self._window_s = window_s
+        self._reported: set[str] = set()
+
+    def check(self, now: float) -> bool:
+        """One look at every child; False once etcd or the router has exited (the workers may go)."""
+        for index, child in enumerate(self.children):
+            if child.alive() or child.name in self._reported:
+                continue
+            code = child.process.returncode
+            if child.name.startswith("worker") and code == EXIT_DEVICE_FAULT:
+                budget = self._budgets.setdefault(child.name, RestartBudget(self._limit, self._window_s))
+                if budget.take(now):
+                    print(f"{child.name} exited with {code} (device fault); restarting it", file=sys.stderr)
+                    self.children[index] = child.restart()
+                    continue
+                print(
+                    f"{child.name} exited with {code} (device fault) {self._limit} times within "
+                    f"{self._window_s:g} s; leaving it down",
+                    file=sys.stderr,
+                )
+            self._reported.add(child.name)
+            print(f"{child.name} exited with {code}", file=sys.stderr, flush=True)
+        return all(c.alive() for c in self.children if not c.name.startswith("worker"))
 
 
 class Interrupted(Exception):
@@ -306,15 +376,11 @@ def stop_cluster(children: list[Child]) -> None:
 
 def _serve_until_stopped(children: list[Child], stop: threading.Event) -> int:
     """Wait for Ctrl-C. A worker may leave (drained with `sluice drain` or SIGTERM: the cluster goes on
-    with the others); if etcd or the router dies the cluster cannot serve, so it stops with an error."""
-    core = [c for c in children if not c.name.startswith("worker")]
-    reported: set[str] = set()
+    with the others; after a device fault it is restarted); if etcd or the router dies the cluster cannot
+    serve, so it stops with an error."""
+    supervisor = Supervisor(children)
     while not stop.wait(0.2):
-        for child in children:
-            if not child.alive() and child.name not in reported:
-                reported.add(child.name)
-                print(f"{child.name} exited with {child.process.returncode}", file=sys.stderr, flush=True)
-        if any(not c.alive() for c in core):
+        if not supervisor.check(time.monotonic()):
             print("error: the cluster cannot serve without etcd and the router; stopping", file=sys.stderr)
             return 1
     return 0

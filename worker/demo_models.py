@@ -1,7 +1,8 @@
 """The demo model repository, generated from code with fixed seeds (nothing is downloaded).
 
 - `mlp`: 256→1024→1024→10 ReLU MLP; deterministic with the result cache on, so the demo shows hits.
-- `encoder`: masked mean-pooling text encoder, variable sequence length; exercises buckets and padding.
+- `encoder`: masked mean-pooling text encoder, variable sequence length; exercises buckets and padding;
+  declares its token ids' range (the vocabulary), so an out-of-vocabulary id never reaches the forward.
 - `synthetic`: SIMULATED GPU-like latency t(b) = 5 ms + 0.5 ms·b, deterministic output, for scheduling
   benchmarks; no real model behind it.
 
@@ -49,7 +50,9 @@ ENCODER_CONFIG: dict[str, Any] = {
     "name": "encoder",
     "description": "Demo masked mean-pooling text encoder (vocab 1000, dim 64), fixed seed.",
     "backend": "torch_export",
-    "inputs": [{"name": "tokens", "datatype": "INT64", "dims": [-1]}],
+    # Token ids index the embedding table: the range keeps the rest out of the forward (on CUDA an
+    # out-of-range index is a sticky device-side assert).
+    "inputs": [{"name": "tokens", "datatype": "INT64", "dims": [-1], "range": [0, ENCODER_VOCAB - 1]}],
     "outputs": [{"name": "embedding", "datatype": "FP32", "dims": [ENCODER_DIM]}],
     "max_batch_size": 32,
     "deterministic": True,

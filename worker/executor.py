@@ -1,25 +1,31 @@
 """Runs batches on one device: validate items, stack them, one forward pass, split the outputs back.
 
-Ownership and threading: one Executor per device, driven by ONE thread (the gRPC shell's dedicated
-executor thread); `run` blocks for the whole batch. Invariants:
+Ownership and threading: one Executor per device. Two stages, so the next batch's staging overlaps the
+current forward: `prepare` validates, pads to the bucket, concatenates and starts the host→device copy
+(pinned buffers, non-blocking, on a dedicated copy stream under CUDA); `execute` waits for that copy, runs
+the forward and copies outputs back; every forward (bisection and canary included) runs in `execute`.
+`prepare` and `execute` may run on two threads (the runner's staging and device threads), one batch each
+at a time; `run` is both in sequence and blocks for the whole batch. Invariants:
 - every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
-- a malformed item fails alone (InvalidArgument); the others still run;
-- items are stacked along dim 0 only when their non-batch shapes agree, in forward groups of at most
-  max_batch_size rows (shapes that differ run as separate forwards; padding to buckets comes later);
-- if a forward raises, every item of that forward gets Internal with the exception's message;
+- a malformed item (worker/validation.py) fails alone with InvalidArgument, never blamed on the worker;
+  the others still run;
+- items are stacked along dim 0 only when their padded (bucketed) shapes agree, in forward groups of at
+  most max_batch_size rows (shapes that differ run as separate forwards);
+- a failed forward is isolated exactly (worker/isolation.py): only items that fail alone fail, with
+  Internal and the exception's message;
+- blame: items the model failed are the client's, unless the model also fails its canary (the warm-up
+  input, which warm-up proved it runs) or the device faulted: then `worker_fault` is set;
+- after a fatal device error (worker/faults.py) `fault` is set for good and nothing touches the device
+  again: every later item fails at once, blamed on the worker;
 - returned arrays are C-contiguous and own their memory (no views of batch buffers).
-Two stages, so the next batch's staging overlaps the current forward: `prepare` validates, concatenates
-and starts the host→device copy (pinned buffers, non-blocking, on a dedicated copy stream under CUDA);
-`execute` waits for that copy, runs the forward and copies outputs back. `run` is both in sequence.
-`prepare` and `execute` may run on two threads, one batch each at a time.
 No clock is read here: the shell measures queue and execute time around `execute`.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,9 +36,12 @@ from common.errors import Internal, InvalidArgument, SluiceError
 from common.records import ModelRecord
 from common.tensors import DATATYPES
 from worker.backends import Backend, load_backend
+from worker.faults import is_fatal_device_error
+from worker.isolation import isolate
 from worker.model_config import ModelConfig
 from worker.padding import group_key, stack
 from worker.repository import ModelVersionSpec
+from worker.validation import check_outputs, item_rows
 
 Array = npt.NDArray[Any]
 # Length used for variable dims during warm-up when the input declares no buckets.
@@ -49,11 +58,13 @@ class ExecItem:
 
 @dataclass(frozen=True)
 class ItemOutcome:
-    """The result for one item: `outputs` (requested names → arrays) or `error`."""
+    """The result for one item: `outputs` (requested names → arrays) or `error`; `worker_fault` when the
+    error is the worker's doing, not the item's (see worker.proto, ItemError.worker_fault)."""
 
     item_id: int
     outputs: dict[str, Array] | None
     error: SluiceError | None
+    worker_fault: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,13 @@ class Executor:
         torch.set_num_threads(torch_threads)
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
+        self._fault: Internal | None = None
+
+    @property
+    def fault(self) -> Internal | None:
+        """The fatal device error this executor met, if any: from then on its device is never used again
+        and the process must be replaced (worker/faults.py)."""
+        return self._fault
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         """Load `spec` onto this executor's device (not yet warmed up)."""
@@ -140,7 +158,7 @@ class Executor:
         valid: list[_Planned] = []
         for index, item in enumerate(items):
             try:
-                valid.append(_Planned(index, item, _check_item(config, item)))
+                valid.append(_Planned(index, item, item_rows(config, item.inputs)))
             except InvalidArgument as exc:
                 prepared.outcomes[index] = ItemOutcome(item.item_id, None, exc)
         prepared.forwards = [self._stage(model, group) for group in _forward_groups(config, valid)]
@@ -152,45 +170,51 @@ class Executor:
     def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
         """Run the staged forwards and split their outputs; one outcome per item, in input order.
 
-        A forward that fails as a whole is bisected: each half is re-run on its own, recursively, so a
-        poison item fails alone and the rest of the batch succeeds; at most `2·⌈log2 n⌉ + 2` extra forwards
-        per failed forward, after which the items not yet isolated fail with the original error.
+        A forward that fails as a whole is isolated exactly (worker/isolation.py: halves re-run until each
+        failing item failed alone; at most 2·n - 2 extra forwards for n items). Then blame (`_blame`).
         """
         if prepared.copied is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.copied)
         outcomes = dict(prepared.outcomes)
+        model, requested = prepared.model, prepared.requested
+        rerun = functools.partial(self._stage_and_forward, model, requested)
+        forwarded: list[int] = []
         for staged in prepared.forwards:
-            results = self._forward(prepared.model, staged, prepared.requested)
-            if len(staged.group) > 1 and all(r.error is not None for r in results):
-                budget = [2 * math.ceil(math.log2(len(staged.group))) + 2]
-                results = self._bisect(prepared.model, staged.group, prepared.requested, results, budget)
-            for planned, outcome in zip(staged.group, results, strict=True):
+            first = self._forward(model, staged, requested)
+            isolated = isolate(staged.group, first, rerun, _suspect)
+            for planned, outcome in zip(staged.group, isolated, strict=True):
                 outcomes[planned.index] = outcome
+                forwarded.append(planned.index)
+        self._blame(model, outcomes, forwarded)
         return [outcomes[index] for index in range(prepared.size)]
 
-    def _bisect(
-        self,
-        model: LoadedModel,
-        group: list[_Planned],
-        requested: list[str],
-        failed: list[ItemOutcome],
-        budget: list[int],
-    ) -> list[ItemOutcome]:
-        if len(group) == 1 or budget[0] <= 0:
-            return failed
-        half = len(group) // 2
-        results: list[ItemOutcome] = []
-        for part in (group[:half], group[half:]):
-            budget[0] -= 1
-            attempt = self._forward(model, self._stage(model, part), requested)
-            if all(r.error is None for r in attempt):
-                results.extend(attempt)
-            else:
-                start = group.index(part[0])
-                results.extend(
-                    self._bisect(model, part, requested, failed[start : start + len(part)], budget)
-                )
-        return results
+    def _blame(self, model: LoadedModel, outcomes: dict[int, ItemOutcome], forwarded: list[int]) -> None:
+        """Mark the forwarded items the model failed as the worker's fault when the worker is to blame.
+
+        Evidence, cheapest first: a device fault blames the worker (CUDA reports errors late and for the
+        whole context, so no item can be singled out); else an item that succeeded proves the device and
+        model work, so the failures are the items' own; else (every item failed, even alone) one canary
+        forward of the warm-up input decides: it passes → the items are at fault (a client sending only
+        bad items must not take the worker out of rotation); it fails → the model or device is broken.
+        """
+        failed = [i for i in forwarded if outcomes[i].error is not None and not outcomes[i].worker_fault]
+        if not failed:
+            return
+        some_passed = any(outcomes[i].error is None for i in forwarded)
+        if self._fault is None and (some_passed or self._canary(model)):
+            return
+        cause = self._fault.message if self._fault else "the model also fails its warm-up input"
+        for index in failed:
+            outcomes[index] = _blamed_on_worker(outcomes[index], cause)
+
+    def _canary(self, model: LoadedModel) -> bool:
+        """Forward one row of the warm-up input (known good: warm-up ran it); whether it still passes,
+        every declared output checked as warm-up checked it."""
+        config = model.spec.config
+        item = warmup_items(config, 1)[0]
+        outputs = [t.name for t in config.outputs]
+        [outcome] = self._stage_and_forward(model, outputs, [_Planned(-1, item, 1)])
+        return outcome.error is None
 
     def warm_up(self, model: LoadedModel) -> None:
         """Run every warm-up batch size in every shape bucket once with zeros; raises Internal if any fails
@@ -205,6 +229,16 @@ class Executor:
                             f"length {length} failed: {outcome.error.message}",
                             reason="warmup_failed",
                         )
+
+    def _stage_and_forward(
+        self, model: LoadedModel, requested: list[str], group: Sequence[_Planned]
+    ) -> list[ItemOutcome]:
+        """Stage and forward `group` now, from `execute` (bisection, canary)."""
+        staged = self._stage(model, list(group))
+        if self._copy_stream is not None:
+            # The copy ran on the copy stream: the forward on the compute stream must wait for it.
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+        return self._forward(model, staged, requested)
 
     def _stage(self, model: LoadedModel, group: list[_Planned]) -> _Staged:
         config = model.spec.config
@@ -221,16 +255,22 @@ class Executor:
     def _forward(self, model: LoadedModel, staged: _Staged, requested: list[str]) -> list[ItemOutcome]:
         config = model.spec.config
         group, rows = staged.group, staged.rows
+        if self._fault is not None:
+            return [ItemOutcome(p.item.item_id, None, self._fault, worker_fault=True) for p in group]
         try:
             if staged.tensors is None:
                 raise staged.error or RuntimeError("inputs were not staged")
             with torch.inference_mode():
                 produced = model.backend.forward(staged.tensors)
             arrays = self._to_host({name: _output(produced, name) for name in requested})
-            _check_outputs(config, arrays, rows)
+            check_outputs(config, arrays, rows)
         except Exception as exc:
             # The model's own code may raise anything; it concerns this forward's items only, and the
-            # message travels to the client (the shell logs the traceback from __cause__).
+            # message travels to the client (the shell logs the traceback from __cause__) -- unless the
+            # device itself is broken, which concerns everything from now on.
+            if is_fatal_device_error(exc):
+                self._fault = _device_fault(model, self.device, exc)
+                return [ItemOutcome(p.item.item_id, None, self._fault, worker_fault=True) for p in group]
             error = exc if isinstance(exc, Internal) else _model_error(model, rows, exc)
             return [ItemOutcome(p.item.item_id, None, error) for p in group]
         outcomes = []
@@ -276,60 +316,32 @@ def _model_error(model: LoadedModel, rows: int, exc: BaseException) -> Internal:
     return error
 
 
+def _device_fault(model: LoadedModel, device: torch.device, exc: BaseException) -> Internal:
+    error = Internal(
+        f"device {device} failed running {model.spec.config.name!r} v{model.spec.version} and cannot be "
+        f"used again; the worker is restarting: {type(exc).__name__}: {exc}",
+        reason="device_fault",
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _blamed_on_worker(outcome: ItemOutcome, cause: str) -> ItemOutcome:
+    assert outcome.error is not None
+    error = Internal(f"{outcome.error.message} (the worker is at fault: {cause})", reason="worker_fault")
+    error.__cause__ = outcome.error.__cause__
+    return replace(outcome, error=error, worker_fault=True)
+
+
+def _suspect(outcomes: list[ItemOutcome]) -> bool:
+    """A forward worth halving: it failed, and not because the device is gone (that repeats anyway)."""
+    return outcomes[0].error is not None and not outcomes[0].worker_fault
+
+
 def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in produced:
         raise KeyError(f"backend returned no output {name!r} (got {sorted(produced)})")
     return produced[name]
-
-
-def _check_item(config: ModelConfig, item: ExecItem) -> int:
-    """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
-    expected = {t.name for t in config.inputs}
-    missing = sorted(expected - set(item.inputs))
-    extra = sorted(set(item.inputs) - expected)
-    if missing or extra:
-        raise InvalidArgument(
-            f"model {config.name!r} takes inputs {sorted(expected)}; missing {missing}, unexpected {extra}",
-            reason="bad_input",
-        )
-    row_counts = set()
-    for spec in config.inputs:
-        array = item.inputs[spec.name]
-        want = DATATYPES[spec.datatype]
-        if not isinstance(array, np.ndarray) or array.dtype != want:
-            got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
-            raise InvalidArgument(
-                f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
-            )
-        _check_shape(config, spec.name, spec.dims, array.shape)
-        row_counts.add(array.shape[0])
-    if len(row_counts) != 1:
-        raise InvalidArgument(f"inputs disagree on the batch dim: {sorted(row_counts)}", reason="bad_shape")
-    rows = row_counts.pop()
-    if not 1 <= rows <= config.max_batch_size:
-        raise InvalidArgument(
-            f"a request carries {rows} rows; model {config.name!r} takes 1..{config.max_batch_size}",
-            reason="bad_shape",
-        )
-    return int(rows)
-
-
-def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
-    wanted = [-1, *dims]
-    fits = len(shape) == len(wanted) and all(w in (-1, s) for w, s in zip(wanted, shape, strict=True))
-    if not fits:
-        raise InvalidArgument(
-            f"input {name!r}: expected shape {wanted} (batch first, -1 variable), got {list(shape)}",
-            reason="bad_shape",
-        )
-    buckets = config.batching.buckets.get(name)
-    if buckets:
-        too_long = [s for w, s in zip(dims, shape[1:], strict=True) if w == -1 and s > buckets[-1]]
-        if too_long:
-            raise InvalidArgument(
-                f"input {name!r}: length {too_long[0]} exceeds the largest bucket {buckets[-1]}",
-                reason="bad_shape",
-            )
 
 
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
@@ -345,19 +357,6 @@ def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Pl
     return [group for groups in by_shape.values() for group in groups]
 
 
-def _check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> None:
-    """Raise ValueError when the model's outputs disagree with the config (caught as Internal)."""
-    by_name = {t.name: t for t in config.outputs}
-    for name, array in arrays.items():
-        spec = by_name[name]
-        if array.dtype != DATATYPES[spec.datatype]:
-            raise ValueError(f"output {name!r} is {array.dtype}, config declares {spec.datatype}")
-        wanted = [rows, *spec.dims]
-        shape = list(array.shape)
-        if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
-            raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
-
-
 def warmup_lengths(config: ModelConfig) -> list[int]:
     """The variable-dim lengths warm-up must cover: every declared bucket (or one default length)."""
     buckets = sorted({size for sizes in config.batching.buckets.values() for size in sizes})
@@ -365,14 +364,17 @@ def warmup_lengths(config: ModelConfig) -> list[int]:
 
 
 def warmup_items(config: ModelConfig, size: int, length: int | None = None) -> list[ExecItem]:
-    """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`."""
-    return [ExecItem(i, _zeros_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
+    """`size` one-row items of zeros, the inputs warm-up runs (and times) for a batch of `size`; one of
+    them is also the canary that tells a broken model from bad items."""
+    return [ExecItem(i, _warmup_row(config, length or warmup_lengths(config)[0])) for i in range(size)]
 
 
-def _zeros_row(config: ModelConfig, length: int) -> dict[str, Array]:
-    """One row of zeros per input; variable dims get `length`."""
+def _warmup_row(config: ModelConfig, length: int) -> dict[str, Array]:
+    """One row per input, of zeros (or the declared range's bound nearest zero); variable dims get
+    `length`."""
     inputs = {}
     for spec in config.inputs:
         shape = [1, *(length if d == -1 else d for d in spec.dims)]
-        inputs[spec.name] = np.zeros(shape, dtype=DATATYPES[spec.datatype])
+        value = 0 if spec.range is None else min(max(0, spec.range[0]), spec.range[1])
+        inputs[spec.name] = np.full(shape, value, dtype=DATATYPES[spec.datatype])
     return inputs

@@ -4,6 +4,10 @@ Readiness is earned in that order: a worker registers in etcd (and reports SERVI
 only after every model version has loaded and run its warm-up batches, so no request ever pays for a cold
 model. Draining marks the worker `draining` in etcd and on every router stream, finishes every batch it
 accepted, then revokes its lease so the registration disappears at once.
+
+A device fault (worker/faults.py) cuts this short: the worker cannot finish anything, so it leaves at once
+(DRAINING on every stream, NOT_SERVING on every health service, lease revoked, streams closed so routers
+re-dispatch what it had not answered) and exits with `EXIT_DEVICE_FAULT` for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from common.cluster_auth import TokenCheck, require_worker_credentials, worker_server_credentials
 from common.config import SluiceConfig
+from common.errors import Internal
 from common.etcd import LeasedKey, worker_key
 from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
@@ -33,6 +38,7 @@ from common.telemetry import provider_from_environment, tracer
 from worker.auth import ClusterTokenGate
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
+from worker.faults import EXIT_DEVICE_FAULT
 from worker.gpu_metrics import GpuSampler
 from worker.metrics import WorkerMetrics
 from worker.repository import scan_repository
@@ -70,18 +76,25 @@ class WorkerProcess:
         self.models: dict[tuple[str, str], LoadedModel] = {}
         self.warmup_s: dict[tuple[str, str], dict[int, float]] = {}
         self.runner = BatchRunner(
-            self.executor, self.models, self.metrics, tracer=tracer(self.tracer_provider, "sluice.worker")
+            self.executor,
+            self.models,
+            self.metrics,
+            tracer=tracer(self.tracer_provider, "sluice.worker"),
+            on_device_fault=self._on_device_fault,
         )
         self.state = WorkerState(self.worker_id, self.runner)
         self.health = HealthServicer()
         self.port = 0
         self.started_at = time.time()
         self.drained = asyncio.Event()
+        self.faulted = asyncio.Event()
+        """Set once the worker has left after a device fault; the process must then exit and be replaced."""
         self._server: grpc.aio.Server | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._registration: LeasedKey | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._drain_lock = asyncio.Lock()
+        self._leaving: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load and warm every model, serve, then register as ready. ConfigError (before any model is
@@ -212,8 +225,8 @@ class WorkerProcess:
     async def drain(self) -> None:
         """Mark draining everywhere, finish accepted batches, revoke the lease (once)."""
         async with self._drain_lock:
-            if self.drained.is_set():
-                return
+            if self.drained.is_set() or self._leaving is not None:
+                return  # drained already, or leaving after a device fault (nothing left to finish)
             log.info("worker %s draining", self.worker_id)
             self.state.set(worker_pb2.WORKER_STATE_DRAINING)
             await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -227,6 +240,23 @@ class WorkerProcess:
                 await self._registration.revoke()
             self.drained.set()
             log.info("worker %s drained", self.worker_id)
+
+    def _on_device_fault(self, fault: Internal) -> None:
+        """The runner met a device fault (on the event loop, after answering that batch): leave, once."""
+        if self._leaving is None:
+            self._leaving = asyncio.create_task(self._leave_after_fault(fault), name="device-fault")
+
+    async def _leave_after_fault(self, fault: Internal) -> None:
+        """Take this worker out everywhere at once; unlike a drain there is nothing left to finish."""
+        message = "worker %s: device fault, leaving to be restarted: %s"
+        log.error(message, self.worker_id, fault.message, exc_info=fault)
+        self.state.set(worker_pb2.WORKER_STATE_DRAINING)  # routers stop sending on every stream now
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING on every service, never SERVING again
+        if self._registration is not None:
+            await self._registration.revoke()  # the etcd key disappears at once, not after the TTL
+        for stream in list(self.state.streams):
+            stream.outbox.put_nowait(None)  # after the answered batch's result: then the stream ends
+        self.faulted.set()
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving (after `drain`, or abruptly without it)."""
@@ -247,7 +277,11 @@ class WorkerProcess:
 
 
 async def serve_worker(config: SluiceConfig) -> None:
-    """Run a worker until SIGTERM/SIGINT (then drain) or an admin Drain; returns when drained."""
+    """Run a worker until SIGTERM/SIGINT (then drain) or an admin Drain; returns when drained.
+
+    After a device fault it stops everything and raises SystemExit(EXIT_DEVICE_FAULT), so the process
+    exits with that status whoever runs this coroutine (asyncio.run lets SystemExit through).
+    """
     worker = WorkerProcess(config)
     await worker.start()
     loop = asyncio.get_running_loop()
@@ -260,9 +294,23 @@ async def serve_worker(config: SluiceConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await worker.drained.wait()
+        await _first_of(worker.drained, worker.faulted)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):
                 loop.remove_signal_handler(sig)
         await worker.stop()
+    if worker.faulted.is_set():
+        log.error("worker %s exits with %d to be restarted", worker.worker_id, EXIT_DEVICE_FAULT)
+        raise SystemExit(EXIT_DEVICE_FAULT)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until any of `events` is set."""
+    waiters = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

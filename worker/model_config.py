@@ -13,11 +13,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from common.tensors import DATATYPES
+
+INTEGER_DATATYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
+"""The datatypes a `range` may be declared for."""
 
 BackendName = Literal["torch_export", "torchscript", "synthetic"]
 
@@ -53,6 +57,11 @@ class TensorConfig(_Strict):
     """Protocol datatype (FP32, INT64, ...; see common.tensors.DATATYPES)."""
     dims: tuple[int, ...]
     """Per-row shape WITHOUT the batch dimension; -1 marks a variable dim."""
+    range: tuple[int, int] | None = None
+    """Inputs of an integer datatype only: inclusive bounds `[lo, hi]` every element must lie in (token
+    ids: `[0, vocab - 1]`). Values outside are the client's mistake (INVALID_ARGUMENT), caught before the
+    forward: on CUDA an out-of-range embedding index is a sticky device-side assert that breaks the device
+    for every later batch. Published in the worker's registration so routers check it first."""
 
     @field_validator("datatype")
     @classmethod
@@ -67,6 +76,20 @@ class TensorConfig(_Strict):
         if any(d != -1 and d < 1 for d in value):
             raise ValueError(f"dims {list(value)}: each dim is -1 (variable) or >= 1")
         return value
+
+    @model_validator(mode="after")
+    def _range_fits_datatype(self) -> TensorConfig:
+        if self.range is None:
+            return self
+        lo, hi = self.range
+        if self.datatype not in INTEGER_DATATYPES:
+            raise _key_error("range", f"only integer datatypes take a range, not {self.datatype}")
+        if lo > hi:
+            raise _key_error("range", f"[{lo}, {hi}]: lo must be <= hi")
+        info = np.iinfo(DATATYPES[self.datatype])
+        if lo < info.min or hi > info.max:
+            raise _key_error("range", f"[{lo}, {hi}] exceeds {self.datatype} ({info.min}..{info.max})")
+        return self
 
     @property
     def is_variable(self) -> bool:
@@ -141,6 +164,10 @@ class SyntheticConfig(_Strict):
     per_token_ms: float = Field(default=0.0, ge=0)
     """Added cost per row and per element of a variable-length input (after padding), in milliseconds:
     long inputs cost more, as with a sequence model (simulated)."""
+    fault_trigger: float | None = None
+    """TEST/DEMO ONLY, a SIMULATED device fault: a forward whose first input starts a row with this value
+    raises what a CUDA device-side assert raises, and so does every later forward (a real CUDA context
+    stays broken), so the worker's device-fault exit can be exercised on a CPU. Unset: never."""
 
 
 class ModelConfig(_Strict):
@@ -197,6 +224,7 @@ class ModelConfig(_Strict):
         if self.cache == "enabled" and not self.deterministic:
             raise _key_error("cache", "enabled requires deterministic: true")
         self._check_batching()
+        self._check_ranges()
         for size in self.warmup_batch_sizes or ():
             if not 1 <= size <= self.max_batch_size:
                 raise _key_error("warmup_batch_sizes", f"{size} is outside 1..max_batch_size")
@@ -214,6 +242,20 @@ class ModelConfig(_Strict):
             variable = [t for t in self.inputs if t.is_variable]
             if len(variable) != 1 or variable[0].dims.count(-1) != 1:
                 raise _key_error("batching.mask_input", "needs exactly one input with one variable dim")
+
+    def _check_ranges(self) -> None:
+        for index, output in enumerate(self.outputs):
+            if output.range is not None:
+                raise _key_error(f"outputs.{index}.range", "a range applies to inputs only")
+        pad = self.batching.pad_value
+        for index, tensor in enumerate(self.inputs):
+            if tensor.range is None or tensor.name not in self.batching.buckets:
+                continue
+            # Padding writes pad_value into the batch the model sees: outside the range it would be the
+            # very value the range keeps away from the device.
+            lo, hi = tensor.range
+            if not lo <= pad <= hi:
+                raise _key_error("batching.pad_value", f"{pad} is outside inputs.{index}.range [{lo}, {hi}]")
 
     @property
     def warmup_sizes(self) -> tuple[int, ...]:

@@ -61,7 +61,7 @@ class ModelVersionSpec:
 
 
 def _tensor_spec(tensor: TensorConfig) -> TensorSpec:
-    return TensorSpec(name=tensor.name, datatype=tensor.datatype, dims=tensor.dims)
+    return TensorSpec(name=tensor.name, datatype=tensor.datatype, dims=tensor.dims, range=tensor.range)
 
 
 def model_digest(config_bytes: bytes, artifact: Path | None) -> str:

@@ -2,11 +2,19 @@
 
 Each accepted batch gets exactly one BatchResult with an outcome for every item, sent on the stream it
 came from. Items are skipped (never executed) when the router cancelled them or their deadline budget ran
-out before staging; an item cancelled while executing gets CANCELLED instead of its outputs.
+out before staging; an item cancelled while executing gets CANCELLED instead of its outputs. Each item
+error says whether the worker is to blame (`ItemError.worker_fault`: the executor's blame, a worker bug,
+a model this worker does not serve) or not (the item's own fault, a cancellation, a deadline).
+
+One exception: a device fault (worker/faults.py). The batch that met it is answered (its items blamed on
+the worker), `on_device_fault` is called once, and every batch not yet run is dropped unanswered, never
+touching the device again: the worker is leaving, its streams close, and routers treat those items as
+lost with the worker (re-dispatched elsewhere) — the item that broke the device was in the answered batch.
 
 Two stages on two threads, so the event loop keeps reading streams and the device never waits for host
 work: the staging thread decodes, validates, concatenates and starts the copy to the device of batch N+1
-while the device thread runs the forward of batch N. At most one staged batch waits for the device.
+while the device thread runs the forward of batch N, and any re-run of it (bisection, the canary). At most
+one staged batch waits for the device.
 """
 
 from __future__ import annotations
@@ -66,10 +74,9 @@ class _Ready:
     prepared: PreparedBatch | None
 
 
-def _error(item_id: int, err: SluiceError) -> worker_pb2.ItemResult:
-    return worker_pb2.ItemResult(
-        item_id=item_id, error=worker_pb2.ItemError(code=int(err.code), message=err.message)
-    )
+def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemResult:
+    error = worker_pb2.ItemError(code=int(err.code), message=err.message, worker_fault=worker_fault)
+    return worker_pb2.ItemResult(item_id=item_id, error=error)
 
 
 class BatchRunner:
@@ -80,10 +87,13 @@ class BatchRunner:
         executor: Executor,
         models: dict[tuple[str, str], LoadedModel],
         metrics: WorkerMetrics,
+        *,
         now: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
+        on_device_fault: Callable[[Internal], None] | None = None,
     ) -> None:
         self._executor = executor
+        self._on_device_fault = on_device_fault
         self._tracer = tracer or NoOpTracer()
         self._models = models
         self._metrics = metrics
@@ -165,13 +175,8 @@ class BatchRunner:
         while True:
             ready = await self._ready.get()
             try:
-                try:
-                    result = await self._execute(ready)
-                except Exception as exc:  # a bug must fail this batch's items, not stop the worker
-                    log.exception("executing batch %d failed", ready.work.batch.batch_id)
-                    result = worker_pb2.BatchResult(batch_id=ready.work.batch.batch_id)
-                    result.items.extend(_fail_all(ready.work.batch, exc))
-                ready.work.stream.send(worker_pb2.WorkerMessage(result=result))
+                if self._executor.fault is None:  # else dropped unanswered (module docstring)
+                    await self._answer(ready)
             finally:
                 self._pending -= 1
                 self._queued_items -= len(ready.work.batch.items)
@@ -179,12 +184,30 @@ class BatchRunner:
                 if self._pending == 0:
                     self._idle.set()
 
+    async def _answer(self, ready: _Ready) -> None:
+        """Execute one batch, send its result, and report a device fault it met (once: later batches are
+        dropped)."""
+        try:
+            result = await self._execute(ready)
+        except Exception as exc:  # a bug must fail this batch's items, not stop the worker
+            log.exception("executing batch %d failed", ready.work.batch.batch_id)
+            result = worker_pb2.BatchResult(batch_id=ready.work.batch.batch_id)
+            result.items.extend(_fail_all(ready.work.batch, exc))
+        ready.work.stream.send(worker_pb2.WorkerMessage(result=result))
+        fault = self._executor.fault
+        if fault is not None and self._on_device_fault is not None:
+            self._on_device_fault(fault)
+
     async def _stage(self, work: _Work) -> _Ready:
         batch = work.batch
+        if self._executor.fault is not None:  # will be dropped: the device must not be touched again
+            return _Ready(work, [], [], None)
         model = self._models.get((batch.model, batch.version))
         if model is None:
+            # The router believed this worker serves it: the item is not to blame.
             missing = NotFound(f"worker does not serve {batch.model} version {batch.version}")
-            return _Ready(work, [_error(item.item_id, missing) for item in batch.items], [], None)
+            skipped = [_error(item.item_id, missing, worker_fault=True) for item in batch.items]
+            return _Ready(work, skipped, [], None)
         runnable, skipped = self._select(work, self._now())
         prepared = None
         if runnable:
@@ -248,7 +271,8 @@ class BatchRunner:
             stream.cancelled.discard(outcome.item_id)
             return _error(outcome.item_id, Cancelled("cancelled by the router during execution"))
         if outcome.error is not None or outcome.outputs is None:
-            return _error(outcome.item_id, outcome.error or SluiceError("no outputs"))
+            error = outcome.error or SluiceError("no outputs")
+            return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
         tensors = [to_wire(name, array) for name, array in outcome.outputs.items()]
         return worker_pb2.ItemResult(item_id=outcome.item_id, outputs=tensors)
 
@@ -271,7 +295,7 @@ class BatchRunner:
 
 def _fail_all(batch: worker_pb2.Batch, exc: Exception) -> list[worker_pb2.ItemResult]:
     error = Internal(f"worker failed on this batch: {type(exc).__name__}: {exc}", reason="worker_bug")
-    return [_error(item.item_id, error) for item in batch.items]
+    return [_error(item.item_id, error, worker_fault=True) for item in batch.items]
 
 
 def _rows(item: ExecItem) -> int:

@@ -9,6 +9,10 @@ number is configured. `slowdown` (worker setting `synthetic_slowdown`) makes one
 
 Poison marker: a row whose first input value is `POISON` makes the whole forward raise, like a model bug
 triggered by one input; the executor's bisection must then fail only that row's request.
+
+Simulated device fault (test/demo only, config `synthetic.fault_trigger`): a row whose first input value
+equals the trigger makes this forward and every later one raise the RuntimeError of a CUDA device-side
+assert, as a real broken CUDA context would; the worker must then leave and exit (worker/faults.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from worker.backends.base import TORCH_DTYPES
 from worker.model_config import ModelConfig
 
 POISON = -12345.0
+SIMULATED_FAULT = "CUDA error: device-side assert triggered (SIMULATED by synthetic.fault_trigger)"
 
 
 class SyntheticBackend:
@@ -40,6 +45,8 @@ class SyntheticBackend:
         self._first_input = config.inputs[0].name
         self._outputs = config.outputs
         self._device = torch.device(device)
+        self._fault_trigger = config.synthetic.fault_trigger
+        self._faulted = False
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Sleep the simulated latency for this batch size, then compute the deterministic outputs."""
@@ -50,6 +57,10 @@ class SyntheticBackend:
         flat = x.reshape(rows, -1).to(torch.float32)
         if flat.shape[1] and bool((flat[:, 0] == POISON).any()):
             raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
+        if self._fault_trigger is not None and flat.shape[1]:
+            self._faulted = self._faulted or bool((flat[:, 0] == self._fault_trigger).any())
+        if self._faulted:
+            raise RuntimeError(SIMULATED_FAULT)
         results: dict[str, torch.Tensor] = {}
         for output in self._outputs:
             width = math.prod(output.dims)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import yaml
 
+from worker.backends import Backend
 from worker.executor import LoadedModel
 from worker.model_config import ModelConfig
 from worker.repository import ModelVersionSpec
@@ -65,6 +66,36 @@ class RecordingBackend:
         self.calls.append(dict(inputs))
         first = next(iter(inputs.values()))
         return {name: first.to(torch.float32) + 1 for name in self._output_names}
+
+
+class CountingBackend:
+    """Wraps a backend and records the rows of every forward it is asked to run, in order."""
+
+    name = "fake"
+
+    def __init__(self, inner: Backend) -> None:
+        self.rows: list[int] = []
+        self._inner = inner
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Record the batch's rows, then run the wrapped backend."""
+        self.rows.append(int(next(iter(inputs.values())).shape[0]))
+        return self._inner.forward(inputs)
+
+
+class RaisingBackend:
+    """Raises the given exception on every forward (a model bug, or a device error)."""
+
+    name = "fake"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Always raise `exc`."""
+        self.calls += 1
+        raise self.exc
 
 
 class FailingBackend:

@@ -33,6 +33,8 @@ def test_init_creates_loadable_models(demo_repo: Path, demo_models: dict[str, Lo
     mlp = demo_models["mlp"].spec.config
     assert (mlp.max_batch_size, mlp.deterministic, mlp.cache) == (64, True, "enabled")
     assert "SIMULATED" in (demo_repo / "synthetic" / "config.yaml").read_text()
+    [tokens] = demo_models["encoder"].record.inputs
+    assert tokens.range == (0, 999)  # the vocabulary: routers and the worker refuse other ids
 
 
 @pytest.mark.parametrize("batch", [1, 32, 64])

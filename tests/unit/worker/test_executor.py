@@ -19,7 +19,8 @@ from tests.unit.worker.fakes import (
     synthetic_config,
     write_model,
 )
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel
+from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, warmup_items
+from worker.model_config import ModelConfig
 from worker.repository import scan_repository
 
 RNG = np.random.default_rng(7)
@@ -85,6 +86,38 @@ def test_encoder_length_beyond_largest_bucket(
     assert isinstance(outcome.error, InvalidArgument) and "largest bucket 128" in outcome.error.message
 
 
+def test_values_outside_a_declared_range_fail_alone(
+    executor: Executor, demo_models: dict[str, LoadedModel]
+) -> None:
+    encoder = demo_models["encoder"]  # tokens: range [0, 999], the vocabulary
+    lengths_and_peaks = [(5, 999), (5, 1000), (9, 0), (9, -1), (16, 2**40)]
+    items = []
+    for i, (length, peak) in enumerate(lengths_and_peaks):
+        values = RNG.integers(0, 1000, (1, length))
+        values[0, length // 2] = peak
+        items.append(ExecItem(i, {"tokens": values}))
+    outcomes = executor.run(encoder, items)
+    for bad, peak in ((1, 1000), (3, -1), (4, 2**40)):
+        error = outcomes[bad].error
+        assert isinstance(error, InvalidArgument) and error.reason == "out_of_range"
+        assert f"value {peak} is outside its range [0, 999]" in error.message
+        assert not outcomes[bad].worker_fault
+    assert ok(outcomes[0])["embedding"].shape == (1, 64) and ok(outcomes[2])["embedding"].shape == (1, 64)
+
+
+def test_warm_up_inputs_respect_declared_ranges() -> None:
+    inputs = [
+        {"name": "a", "datatype": "INT32", "dims": [2], "range": [5, 9]},
+        {"name": "b", "datatype": "INT32", "dims": [2], "range": [-9, -5]},
+        {"name": "c", "datatype": "INT32", "dims": [2], "range": [-3, 3]},
+        {"name": "d", "datatype": "FP32", "dims": [2]},
+    ]
+    config = ModelConfig.model_validate(synthetic_config(inputs=inputs))
+    [item] = warmup_items(config, 1)
+    firsts = {name: int(array[0, 0]) for name, array in item.inputs.items()}
+    assert firsts == {"a": 5, "b": -5, "c": 0, "d": 0}
+
+
 def test_requested_outputs_filter(executor: Executor) -> None:
     outputs = [{"name": n, "datatype": "FP32", "dims": [4]} for n in ("y", "z")]
     model = fake_model(synthetic_config(outputs=outputs), RecordingBackend(["y", "z"]))
@@ -108,6 +141,7 @@ def test_output_not_matching_config_is_internal(executor: Executor) -> None:
     model = fake_model(synthetic_config(), WrongDtypeBackend())
     outcome = executor.run(model, [ExecItem(0, {"x": np.ones((1, 4), np.float32)})])[0]
     assert isinstance(outcome.error, Internal) and "float64" in outcome.error.message
+    assert outcome.worker_fault  # the canary's outputs are wrong too: the model is broken, not the item
 
 
 def test_groups_respect_max_batch_size(executor: Executor) -> None:

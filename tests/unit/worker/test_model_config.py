@@ -135,3 +135,42 @@ def test_version_policy_select() -> None:
     assert VersionPolicy(specific=(2, 1)).select(available) == [1, 2]
     with pytest.raises(ValueError, match=r"\[4\]"):
         VersionPolicy(specific=(1, 4)).select(available)
+
+
+def ranged(datatype: str = "INT64", value_range: list[int] | None = None, **overrides: Any) -> dict[str, Any]:
+    """A variable-length integer input `tokens` with buckets, declaring `range` when given."""
+    tokens: dict[str, Any] = {"name": "tokens", "datatype": datatype, "dims": [-1]}
+    if value_range is not None:
+        tokens["range"] = value_range
+    overrides.setdefault("batching", {"buckets": {"tokens": [8]}})
+    return variable_config() | {"inputs": [tokens], **overrides}
+
+
+def test_integer_input_range(tmp_path: Path) -> None:
+    config = ModelConfig.load(write_config(tmp_path, ranged(value_range=[0, 999])))
+    assert config.inputs[0].range == (0, 999)
+    assert config.outputs[0].range is None
+    signed = ModelConfig.load(write_config(tmp_path, ranged("INT8", [-128, 127], name="small"), "small"))
+    assert signed.inputs[0].range == (-128, 127)
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "message"),
+    [
+        (ranged("FP32", [0, 9]), "inputs.0.range", "only integer datatypes"),
+        (ranged(value_range=[10, 9]), "inputs.0.range", "lo must be <= hi"),
+        (ranged("UINT8", [0, 256]), "inputs.0.range", "exceeds UINT8"),
+        (ranged("UINT8", [-1, 9]), "inputs.0.range", "exceeds UINT8"),
+        (ranged(value_range=[0]), "inputs.0.range.1", "required"),
+        (ranged(value_range=[1, 9]), "batching.pad_value", "outside inputs.0.range"),
+        (
+            ranged(outputs=[{"name": "y", "datatype": "INT64", "dims": [2], "range": [0, 1]}]),
+            "outputs.0.range",
+            "inputs only",
+        ),
+    ],
+)
+def test_range_errors_name_the_key(tmp_path: Path, config: dict[str, Any], key: str, message: str) -> None:
+    error = load_error(tmp_path, config)
+    assert error.key == key
+    assert message in str(error)

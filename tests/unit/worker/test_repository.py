@@ -114,3 +114,11 @@ def test_record(tmp_path: Path) -> None:
     assert (record.platform, record.max_batch_size, record.max_wait_s) == ("torch_export", 8, 0.005)
     assert [(t.name, t.datatype, t.dims) for t in record.inputs] == [("x", "FP32", (4,))]
     assert [(t.name, t.datatype, t.dims) for t in record.outputs] == [("y", "INT64", (2,))]
+    assert record.inputs[0].range is None
+
+
+def test_record_publishes_input_ranges(tmp_path: Path) -> None:
+    config = export_config(inputs=[{"name": "ids", "datatype": "INT32", "dims": [3], "range": [0, 49]}])
+    write_model(tmp_path, config, artifact=b"w")
+    [spec] = scan_repository(tmp_path)
+    assert spec.record().inputs[0].range == (0, 49)

@@ -1,4 +1,5 @@
-"""BatchRunner: one result per batch with an outcome per item, skips, and staging overlapping execution."""
+"""BatchRunner: one result per batch with an outcome per item, skips, staging overlapping execution, blame
+on the wire, and what happens after a device fault."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from common.errors import Code
+from common.errors import Code, Internal
 from common.pb.sluice.v1 import worker_pb2
 from common.tensors import from_wire, to_wire
-from tests.unit.worker.fakes import RecordingBackend, fake_model, synthetic_config
+from tests.unit.worker.fakes import (
+    CountingBackend,
+    FailingBackend,
+    RecordingBackend,
+    fake_model,
+    synthetic_config,
+)
+from worker.backends.synthetic import POISON, SyntheticBackend
 from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
 from worker.metrics import WorkerMetrics
+from worker.model_config import ModelConfig
 from worker.runner import BatchRunner, StreamState
 
 MODEL = fake_model(synthetic_config(), RecordingBackend())
@@ -116,3 +125,56 @@ async def test_next_batch_is_staged_while_the_current_one_executes() -> None:
     await run_batches(runner, batch(1, [1]), batch(2, [2]), stream=StreamState())
     kinds = [kind for kind, _ in sorted(executor.events, key=lambda e: e[1])]
     assert kinds == ["prepare", "prepare", "executed", "executed"]
+
+
+def poisoned(batch_id: int, values: Sequence[float]) -> worker_pb2.Batch:
+    message = worker_pb2.Batch(batch_id=batch_id, model="toy", version="1")
+    for item_id, value in enumerate(values):
+        message.items.add(item_id=item_id, inputs=[to_wire("x", np.full((1, 4), value, "<f4"))])
+    return message
+
+
+async def test_item_errors_say_whether_the_worker_is_to_blame() -> None:
+    config = synthetic_config()
+    working = fake_model(config, SyntheticBackend(ModelConfig.model_validate(config), "cpu"))
+    broken = fake_model(synthetic_config("broken"), FailingBackend())
+    models = {("toy", "1"): working, ("broken", "1"): broken}
+    runner = BatchRunner(Executor(), models, WorkerMetrics())
+    only_bad = poisoned(1, [POISON, POISON])
+    on_broken = batch(2, [1, 2], model="broken")
+    unknown = batch(3, [1], model="absent")
+    results = await run_batches(runner, only_bad, on_broken, unknown, stream=StreamState())
+    blame = {r.batch_id: [(i.error.code, i.error.worker_fault) for i in r.items] for r in results}
+    assert blame == {
+        1: [(Code.INTERNAL, False)] * 2,  # the model runs its canary: these items are the client's doing
+        2: [(Code.INTERNAL, True)] * 2,  # the model fails its canary too: the worker is broken
+        3: [(Code.NOT_FOUND, True)],  # the router believed this worker serves it
+    }
+
+
+async def test_after_a_device_fault_only_the_faulted_batch_is_answered() -> None:
+    simulated = synthetic_config(synthetic={"base_ms": 0, "per_item_ms": 0, "fault_trigger": 7.0})
+    backend = CountingBackend(SyntheticBackend(ModelConfig.model_validate(simulated), "cpu"))
+    faults: list[Internal] = []
+    runner = BatchRunner(
+        Executor(),
+        {("toy", "1"): fake_model(simulated, backend)},
+        WorkerMetrics(),
+        on_device_fault=faults.append,
+    )
+    stream = StreamState()
+    runner.start()
+    try:
+        for message in (poisoned(1, [1.0, 7.0]), poisoned(2, [1.0]), poisoned(3, [2.0])):
+            runner.submit(message, stream)
+        [result] = await results(stream, 1)
+        assert await runner.wait_idle(within_s=5)
+    finally:
+        await runner.stop()
+    assert result.batch_id == 1
+    assert [(i.error.code, i.error.worker_fault) for i in result.items] == [(Code.INTERNAL, True)] * 2
+    assert "device-side assert" in result.items[0].error.message
+    assert len(faults) == 1 and faults[0].reason == "device_fault"
+    assert stream.outbox.empty()  # batches 2 and 3 are never answered: routers re-dispatch them
+    assert backend.rows == [2]  # nor run: the device is never touched again
+    assert runner.pending_batches == 0

@@ -225,17 +225,27 @@ class ItemError(_message.Message):
 
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    WORKER_FAULT_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     message: _builtins.str
+    worker_fault: _builtins.bool
+    """Who is to blame. True: the worker, not the item: its device or model failed (a fatal device error, or
+    the model also failed the known-good canary input warm-up proved it runs), a worker bug, or a model it
+    does not serve. Routers count these against the worker's health (circuit breaker). False: the item's
+    own fault (invalid input, or the model failed it alone while still passing the canary), or a
+    cancellation or deadline: nothing about the worker's health, so never counted against it.
+    Workers that predate the field never set it: their failures read as not the worker's fault.
+    """
     def __init__(
         self,
         *,
         code: _builtins.int = ...,
         message: _builtins.str = ...,
+        worker_fault: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "worker_fault", b"worker_fault"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

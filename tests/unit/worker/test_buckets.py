@@ -1,17 +1,15 @@
-"""Shape buckets with padding and masks, and bisection that fails only the poison item."""
+"""Shape buckets with padding and masks (isolating failed items: test_isolation.py)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from common.buckets import bucket_for
-from common.errors import Code
-from tests.unit.worker.fakes import fake_model, synthetic_config
-from worker.backends.synthetic import POISON, SyntheticBackend
+from tests.unit.worker.fakes import synthetic_config
+from worker.backends.synthetic import SyntheticBackend
 from worker.executor import ExecItem, Executor, LoadedModel
 from worker.model_config import ModelConfig
 from worker.padding import group_key
@@ -44,28 +42,6 @@ def test_padded_batch_gives_each_row_its_alone_output(
 def test_different_buckets_never_share_a_forward(demo_models: dict[str, LoadedModel]) -> None:
     config = demo_models["encoder"].spec.config
     assert group_key(config, tokens(0, 15, 0).inputs) != group_key(config, tokens(1, 17, 1).inputs)
-
-
-def test_a_poison_item_fails_alone_within_a_bounded_number_of_forwards(tmp_path: Path) -> None:
-    config = ModelConfig.model_validate(synthetic_config("toy", max_batch_size=16))
-    backend = SyntheticBackend(config, "cpu")
-    calls = []
-    original = backend.forward
-
-    def counting(inputs):  # type: ignore[no-untyped-def]
-        calls.append(len(next(iter(inputs.values()))))
-        return original(inputs)
-
-    backend.forward = counting  # type: ignore[method-assign]
-    model = fake_model(synthetic_config("toy", max_batch_size=16), backend)
-    items = [ExecItem(i, {"x": np.full((1, 4), float(i), "<f4")}) for i in range(16)]
-    items[11] = ExecItem(11, {"x": np.full((1, 4), POISON, "<f4")})
-    outcomes = Executor().run(model, items)
-    failed = [o.item_id for o in outcomes if o.error is not None]
-    assert failed == [11]
-    assert outcomes[11].error is not None and outcomes[11].error.code == Code.INTERNAL
-    np.testing.assert_array_equal(outcomes[3].outputs["y"], np.full((1, 4), 7.0, "<f4"))  # type: ignore[index]
-    assert len(calls) - 1 <= 2 * 4 + 2  # extra forwards bounded by 2·log2(16) + 2
 
 
 def test_slowdown_scales_simulated_latency() -> None:

@@ -1,0 +1,88 @@
+"""A device fault takes its worker out: the batch that met it is answered (INTERNAL), the worker turns
+NOT_SERVING and DRAINING, its etcd key goes at once, routers see its stream close, and the process exits
+with EXIT_DEVICE_FAULT for its supervisor to restart it. Simulated on a CPU by the synthetic backend's
+test-only `fault_trigger` (a sticky "CUDA error: device-side assert triggered")."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cli.commands import EXIT_NOT_SERVING, health
+from common.config import EtcdSettings, SluiceConfig, WorkerSettings
+from common.etcd import worker_key
+from common.pb.inference import grpc_service_pb2 as kserve
+from common.pb.sluice.v1 import worker_pb2
+from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.test_etcd import read_key
+from tests.integration.test_failures import call, request
+from tests.support.processes import eventually
+from tests.unit.worker.fakes import synthetic_config, write_model
+from worker.faults import EXIT_DEVICE_FAULT
+from worker.main import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+TRIGGER = 666.0
+
+
+def faulty_repository(root: Path) -> Path:
+    """A SIMULATED model (1 ms per batch) whose device breaks on a row starting with TRIGGER; named and
+    shaped like the demo `synthetic` model (x, y: FP32 [16]) so test_failures' request helpers apply."""
+    tensor = {"datatype": "FP32", "dims": [16]}
+    config = synthetic_config(
+        "synthetic",
+        inputs=[{"name": "x", **tensor}],
+        outputs=[{"name": "y", **tensor}],
+        synthetic={"base_ms": 1.0, "per_item_ms": 0.0, "fault_trigger": TRIGGER},
+    )
+    write_model(root, config)
+    return root
+
+
+async def test_a_faulted_worker_process_leaves_etcd_and_exits_to_be_restarted(
+    make_router: MakeRouter, spawn: Spawn, etcd_settings: EtcdSettings, tmp_path: Path
+) -> None:
+    router = await make_router()
+    worker = spawn("w-fault", models="synthetic", repository=faulty_repository(tmp_path / "models"))
+    await eventually(lambda: "w-fault" in router.membership.accepting_workers(), 60, "worker accepted")
+    assert isinstance(await call(router, request(1.0)), kserve.ModelInferResponse)
+    assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
+    code = await asyncio.to_thread(worker.wait, 30)
+    assert code == EXIT_DEVICE_FAULT, worker.log()
+    # Revoked, not expired: the lease (TTL 2 s, refreshed every ~0.67 s) would outlive the process by
+    # more than a second, and the key is read the moment the process is gone.
+    assert await read_key(etcd_settings, worker_key(etcd_settings.prefix, "w-fault")) is None
+    await eventually(lambda: "w-fault" not in router.links, 5, "the router's stream to w-fault closed")
+    assert "device fault" in worker.log()
+
+
+async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
+    make_router: MakeRouter, etcd_settings: EtcdSettings, tmp_path: Path
+) -> None:
+    """In-process, so the state between the fault and the exit can be looked at."""
+    router = await make_router()
+    settings = WorkerSettings(
+        repository=faulty_repository(tmp_path / "models"), models=["synthetic"], worker_id="w-inproc"
+    )
+    worker = WorkerProcess(SluiceConfig(etcd=etcd_settings, worker=settings))
+    await worker.start()
+    try:
+        await eventually(lambda: "w-inproc" in router.membership.accepting_workers(), 30, "worker accepted")
+        assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
+        await asyncio.wait_for(worker.faulted.wait(), 10)
+        assert worker.state.state == worker_pb2.WORKER_STATE_DRAINING
+        # The probe Kubernetes runs (`sluice health`): 4 means reachable but not SERVING.
+        assert await asyncio.to_thread(health, worker.addr, "", 5.0) == EXIT_NOT_SERVING
+        assert await read_key(etcd_settings, worker_key(etcd_settings.prefix, "w-inproc")) is None
+        await eventually(
+            lambda: "w-inproc" not in router.membership.accepting_workers(), 5, "no more batches for it"
+        )
+        assert worker.executor.fault is not None
+        await asyncio.wait_for(worker.drain(), 1)  # a SIGTERM now finds nothing to drain, and no error
+        assert not worker.drained.is_set()
+    finally:
+        await worker.stop(grace=0.1)
