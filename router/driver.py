@@ -418,9 +418,9 @@ class Driver:
                 key.model, key.version, result.executed_size, seconds, worker_id, shape=key.shape
             )
         outcomes = {item.item_id: item for item in result.items}
-        broken = bool(outcomes) and all(
-            item.HasField("error") and item.error.code == Code.INTERNAL for item in outcomes.values()
-        )
+        # Only failures the worker blames on itself count against it: a batch of bad items (the client's
+        # fault, proven by the worker's canary) must not take a healthy worker out of rotation.
+        broken = any(item.HasField("error") and item.error.worker_fault for item in outcomes.values())
         if broken:
             self.dispatcher.breaker.failure(worker_id, now)
         else:

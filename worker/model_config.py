@@ -168,6 +168,12 @@ class SyntheticConfig(_Strict):
     """TEST/DEMO ONLY, a SIMULATED device fault: a forward whose first input starts a row with this value
     raises what a CUDA device-side assert raises, and so does every later forward (a real CUDA context
     stays broken), so the worker's device-fault exit can be exercised on a CPU. Unset: never."""
+    hang_trigger: float | None = None
+    """TEST/DEMO ONLY, a SIMULATED hung device: a forward whose first input starts a row with this value
+    sleeps `hang_s` before it returns, while the worker's event loop (and its heartbeats) carry on, so
+    routers' detection of a forward pass that never ends can be exercised. Unset: never."""
+    hang_s: float = Field(default=3600.0, gt=0)
+    """How long a forward with `hang_trigger` sleeps (simulated)."""
 
 
 class ModelConfig(_Strict):

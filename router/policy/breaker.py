@@ -1,7 +1,9 @@
 """A circuit breaker per worker: a worker that keeps failing gets no batches for a while.
 
-A failure is a batch whose every item failed with INTERNAL (after the worker's own bisection, the model
-or the device is broken for everyone) or a stream that broke with batches in flight. After `THRESHOLD`
+A failure is a batch with an item the worker blames on itself (`ItemError.worker_fault`: a device fault,
+or a model that fails even its known-good canary) or a stream that broke with batches in flight. Items
+that fail on their own inputs are the client's doing and never count, so a client cannot take a worker
+out of rotation by sending bad requests. After `THRESHOLD`
 consecutive failures the breaker opens for a backoff that doubles each time it reopens (1 s, 2 s, ... up to
 `MAX_BACKOFF_S`); when the backoff ends it is half-open: one batch is let through, and its outcome closes
 the breaker (success resets the backoff) or reopens it. Without this, least-loaded or expected-completion

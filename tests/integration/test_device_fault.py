@@ -5,6 +5,7 @@ test-only `fault_trigger` (a sticky "CUDA error: device-side assert triggered").
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import grpc
 import pytest
 
 from cli.commands import EXIT_NOT_SERVING, health
-from common.config import EtcdSettings, SluiceConfig, WorkerSettings
+from common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
 from common.etcd import worker_key
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
@@ -61,14 +62,14 @@ async def test_a_faulted_worker_process_leaves_etcd_and_exits_to_be_restarted(
 
 
 async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
-    make_router: MakeRouter, etcd_settings: EtcdSettings, tmp_path: Path
+    make_router: MakeRouter, etcd_settings: EtcdSettings, cluster_settings: ClusterSettings, tmp_path: Path
 ) -> None:
     """In-process, so the state between the fault and the exit can be looked at."""
     router = await make_router()
     settings = WorkerSettings(
         repository=faulty_repository(tmp_path / "models"), models=["synthetic"], worker_id="w-inproc"
     )
-    worker = WorkerProcess(SluiceConfig(etcd=etcd_settings, worker=settings))
+    worker = WorkerProcess(SluiceConfig(etcd=etcd_settings, worker=settings, cluster=cluster_settings))
     await worker.start()
     try:
         await eventually(lambda: "w-inproc" in router.membership.accepting_workers(), 30, "worker accepted")
@@ -76,7 +77,8 @@ async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
         await asyncio.wait_for(worker.faulted.wait(), 10)
         assert worker.state.state == worker_pb2.WORKER_STATE_DRAINING
         # The probe Kubernetes runs (`sluice health`): 4 means reachable but not SERVING.
-        assert await asyncio.to_thread(health, worker.addr, "", 5.0) == EXIT_NOT_SERVING
+        probe = argparse.Namespace(addr=worker.addr, service="", timeout=5.0, tls=False, ca=None, cert=None)
+        assert await asyncio.to_thread(health, probe) == EXIT_NOT_SERVING
         assert await read_key(etcd_settings, worker_key(etcd_settings.prefix, "w-inproc")) is None
         await eventually(
             lambda: "w-inproc" not in router.membership.accepting_workers(), 5, "no more batches for it"

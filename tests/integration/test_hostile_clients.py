@@ -3,7 +3,8 @@ request ends with a clear status, the router keeps serving, memory and metric se
 
 Every test here failed on the code of 2026-11-29 (issue 9's table): a uint64 timeout killed the decision
 loop, 200,000 repeats of one output copied it 200,000 times, distinct priorities minted Prometheus series,
-unparseable bodies answered UNKNOWN with a traceback each, and a stream could hang.
+unparseable bodies answered UNKNOWN with a traceback each, a stream could hang, and batches of nothing but
+bad items opened the worker's circuit breaker.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.processes import eventually
+from worker.backends.synthetic import POISON
 
 pytestmark = pytest.mark.integration
 
@@ -190,3 +192,13 @@ async def test_request_bytes_in_flight_have_a_budget(make_router: MakeRouter, sp
     assert refused and set(refused) == {(grpc.StatusCode.RESOURCE_EXHAUSTED, "inflight_bytes")}
     assert len(refused) < len(results)
     assert router.inflight_bytes.used == 0  # every byte given back
+
+
+async def test_batches_of_only_bad_items_do_not_take_the_worker_out_of_rotation(served: RouterServer) -> None:
+    poison = synthetic_request()
+    poison.raw_input_contents[0] = np.full((1, 16), POISON, "<f4").tobytes()
+    for _ in range(6):  # twice the breaker's threshold, each batch nothing but a bad item
+        assert await call(served.port, poison) == (grpc.StatusCode.INTERNAL, "worker_error")
+    breaker = served.driver.dispatcher.breaker
+    assert breaker.allows("w1", served.clock.now())  # the worker's canary proved it healthy
+    assert await call(served.port, synthetic_request()) == (grpc.StatusCode.OK, "")

@@ -13,6 +13,8 @@ triggered by one input; the executor's bisection must then fail only that row's 
 Simulated device fault (test/demo only, config `synthetic.fault_trigger`): a row whose first input value
 equals the trigger makes this forward and every later one raise the RuntimeError of a CUDA device-side
 assert, as a real broken CUDA context would; the worker must then leave and exit (worker/faults.py).
+Simulated hang (test/demo only, `synthetic.hang_trigger`): such a row makes the forward sleep `hang_s`,
+a device that never returns while the worker's event loop and heartbeats carry on.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class SyntheticBackend:
         self._outputs = config.outputs
         self._device = torch.device(device)
         self._fault_trigger = config.synthetic.fault_trigger
+        self._hang_trigger = config.synthetic.hang_trigger
+        self._hang_s = config.synthetic.hang_s
         self._faulted = False
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -57,6 +61,12 @@ class SyntheticBackend:
         flat = x.reshape(rows, -1).to(torch.float32)
         if flat.shape[1] and bool((flat[:, 0] == POISON).any()):
             raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
+        if (
+            self._hang_trigger is not None
+            and flat.shape[1]
+            and bool((flat[:, 0] == self._hang_trigger).any())
+        ):
+            time.sleep(self._hang_s)
         if self._fault_trigger is not None and flat.shape[1]:
             self._faulted = self._faulted or bool((flat[:, 0] == self._fault_trigger).any())
         if self._faulted:
