@@ -45,6 +45,10 @@ ALLOWED = {
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
 }
+DEADLINE_BOUND = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+"""Also allowed for a request that asks for a valid but short deadline (`parameters["timeout"]` under a
+second): it may expire while queued or executing, or be refused as unmeetable now (retryable) — explicit,
+typed outcomes of the client's own choice, never a hang or an UNKNOWN."""
 RSS_BOUND_MB = 400
 """Stated bound on the router's resident memory after the run (measured: ~70 MB idle)."""
 KEYS = {"gold": "fuzz-gold-key", "narrow": "fuzz-narrow-key"}
@@ -229,6 +233,17 @@ def requests(draw: st.DrawFn) -> tuple[Request, list[tuple[str, str]]]:
     return request, AUTH[auth]
 
 
+def short_deadline(request: Request) -> bool:
+    """Whether the request carries a valid `timeout` (whole µs in range) shorter than a second."""
+    if "timeout" not in request.parameters:
+        return False
+    param = request.parameters["timeout"]
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        return False
+    return 0 < getattr(param, kind) < 1_000_000
+
+
 def call(stub: kserve_grpc.GRPCInferenceServiceStub, request: Any, metadata: list[tuple[str, str]]) -> str:
     try:
         stub.ModelInfer(request, metadata=tuple(metadata), timeout=10)
@@ -265,7 +280,8 @@ def test_every_fuzzed_request_ends_with_an_allowed_status(fuzz_cluster: tuple[st
             request, metadata = drawn
             status = call(stub, request, metadata)
             SEEN[status] += 1
-            assert grpc.StatusCode[status] in ALLOWED, (status, request, metadata)
+            allowed = ALLOWED | (DEADLINE_BOUND if short_deadline(request) else set())
+            assert grpc.StatusCode[status] in allowed, (status, request, metadata)
 
         property_holds()
         assert call(stub, well_formed(), gold) == "OK"  # still serving
