@@ -241,7 +241,8 @@ def short_deadline(request: Request) -> bool:
     kind = param.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
         return False
-    return 0 < getattr(param, kind) < 1_000_000
+    value: int = getattr(param, kind)
+    return 0 < value < 1_000_000
 
 
 def call(stub: kserve_grpc.GRPCInferenceServiceStub, request: Any, metadata: list[tuple[str, str]]) -> str:
