@@ -44,6 +44,7 @@ from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
+from router.policy.core import RouterCore
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
 from router.stores.cache_store import ResultCacheStore
@@ -85,15 +86,15 @@ class RouterServer:
         self.catalog = ModelCatalog()
         self.live = LiveStats()
         self.tracer_provider = tracer_provider or provider_from_environment("sluice-router")
-        self.driver = Driver(
-            self.clock,
-            self.links,
-            self.metrics,
+        core = RouterCore(
+            self.clock.now(),
+            settings=settings,
             admission=config.admission,
             tenants=config.tenants,
-            settings=settings,
             max_batch_bytes=config.cluster.max_message_bytes - BATCH_OVERHEAD_BYTES,
-            tracer=tracer(self.tracer_provider, "sluice.router"),
+        )
+        self.driver = Driver(
+            self.clock, core, self.links, self.metrics, tracer=tracer(self.tracer_provider, "sluice.router")
         )
         self.peers = PeerView(
             config.etcd,
@@ -101,14 +102,11 @@ class RouterServer:
             require_api_key=config.admission.require_api_key,
             driver=self.driver,
             metrics=self.metrics,
-            clock=self.clock,
         )
         cluster = ClusterClient(config.cluster)
         if not config.cluster.tls and config.cluster.token_value() is None:
             log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
-        self.membership = Membership(
-            config.etcd, settings, self.driver, self.links, self.catalog, cluster=cluster
-        )
+        self.membership = Membership(config.etcd, self.driver, self.links, self.catalog, cluster=cluster)
         self.access = AccessPolicy(
             self.peers.current_directory,
             admin_keys=settings.admin_keys,

@@ -118,7 +118,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     ) -> kserve.ServerReadyResponse:
         """Ready when the decision loop runs and at least one worker accepts batches."""
         healthy = self._driver.healthy(self._clock.now())
-        ready = healthy and any(w.accepting for w in self._driver.dispatcher.workers)
+        ready = healthy and any(w.accepting for w in self._driver.core.workers)
         return kserve.ServerReadyResponse(ready=ready)
 
     async def ModelReady(
@@ -133,7 +133,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             record = self._catalog.resolve(request.name, request.version)
         except SluiceError as err:
             await abort(context, err)
-        return kserve.ModelReadyResponse(ready=self._driver.dispatcher.serves(record.name, record.version))
+        return kserve.ModelReadyResponse(ready=self._driver.core.serves(record.name, record.version))
 
     async def ServerMetadata(
         self, request: kserve.ServerMetadataRequest, context: Context
@@ -214,7 +214,7 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         """The record to serve: the version asked for, or the highest version a worker accepts batches for
         right now (a version registered but not yet connected would only answer UNAVAILABLE)."""
         if not version:
-            serving = [v for v in self._catalog.versions(name) if self._driver.dispatcher.serves(name, v)]
+            serving = [v for v in self._catalog.versions(name) if self._driver.core.serves(name, v)]
             if serving:
                 return self._catalog.resolve(name, serving[-1])
         return self._catalog.resolve(name, version)
@@ -406,10 +406,10 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                 addr=record.addr,
                 device=record.device,
                 state=_STATE[record.state],
-                in_flight_batches=self._driver.in_flight_on(worker_id),
-                connected=worker_id in self._membership.loads,
+                in_flight_batches=self._driver.core.in_flight_on(worker_id),
+                connected=self._membership.load_of(worker_id) is not None,
             )
-            estimates = self._driver.estimates
+            estimates = self._driver.core.estimates
             for model in record.models:
                 view.models.add(
                     name=model.name,
@@ -426,8 +426,8 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                     ),
                     max_batch_size=model.max_batch_size,
                 )
-            view.breaker_open = not self._driver.dispatcher.breaker.allows(worker_id, self._clock.now())
-            load = self._membership.loads.get(worker_id)
+            view.breaker_open = not self._driver.core.breaker.allows(worker_id, self._clock.now())
+            load = self._membership.load_of(worker_id)
             if load is not None:
                 view.load.CopyFrom(load)
         return response
@@ -435,11 +435,11 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
     async def GetStats(self, request: admin_pb2.GetStatsRequest, context: Context) -> admin_pb2.RouterStats:
         """Lanes, per-model rates and latencies, the autoscaling signal and cache counters."""
         now = self._clock.now()
-        dispatcher = self._driver.dispatcher
+        core = self._driver.core
         stats = admin_pb2.RouterStats(router_id=self._router_id(), routers=self._peers.routers)
-        for lane in sorted(dispatcher.lanes.values(), key=lambda ln: ln.key):
+        for lane in sorted(core.queues.lanes.values(), key=lambda ln: ln.key):
             oldest = lane.oldest_arrival()
-            lane_stats = dispatcher.stats.get(lane.key)
+            lane_stats = core.queues.stats.get(lane.key)
             stats.lanes.add(
                 model=lane.key.model,
                 version=lane.key.version,
@@ -450,9 +450,7 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
             )
         for model in sorted(set(self._catalog.names()) | set(self._live.models())):
             window = self._live.window(model, now)
-            ready = sum(
-                1 for w in dispatcher.workers if w.accepting and any(name == model for name, _ in w.models)
-            )
+            ready = sum(1 for w in core.workers if w.accepting and any(name == model for name, _ in w.models))
             stats.models.add(
                 model=model,
                 request_rate=window.request_rate,
@@ -481,7 +479,7 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
         self, request: admin_pb2.ListTenantsRequest, context: Context
     ) -> admin_pb2.ListTenantsResponse:
         """Quotas and this router's usage."""
-        limiter = self._driver.admission.limiter
+        limiter = self._driver.core.admission.limiter
         levels = limiter.levels(self._clock.now())
         response = admin_pb2.ListTenantsResponse(routers=limiter.routers)
         directory = self._peers.current_directory()

@@ -76,8 +76,10 @@ class QueuedRequest:
     """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
     """The last moment its batch may start and still finish by the deadline (admission sets it)."""
-    overdue: bool = False
-    """Dispatched, and its deadline passed before the worker answered: it has been ended already."""
+    admitted: bool = False
+    """It holds an admission slot (in-flight quota) until it ends."""
+    ended: bool = False
+    """It has been settled (result, error, or the client went away): later news about it is ignored."""
 
     def __post_init__(self) -> None:
         self.latest_start = min(self.latest_start, self.deadline)
@@ -166,6 +168,16 @@ class Lane:
         while self._latest and self._latest[0][1] not in self._requests:
             heapq.heappop(self._latest)
         return self._latest[0][0] if self._latest else None
+
+    def pop_late(self, now: float) -> list[QueuedRequest]:
+        """Take out every request whose latest start has come: it can no longer make its deadline."""
+        late = []
+        while (soonest := self.earliest_latest_start()) is not None and soonest <= now:
+            _, request_id = heapq.heappop(self._latest)
+            request = self.remove(request_id)
+            if request is not None:
+                late.append(request)
+        return late
 
     def _standing(self, priority: int, level: _Level, now: float) -> tuple[float, int]:
         oldest = next(iter(level.arrivals.values()))

@@ -23,7 +23,7 @@ from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
 from router.codec import decode_infer_request, plain_parameters
 from router.main import RouterServer
 from router.policy.tenants import hash_api_key
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import WorkerProcess, eventually
 from tests.support.redis_server import RedisServer
 
@@ -88,7 +88,7 @@ async def cluster(
     routers = [await make_router(**sections), await make_router(**sections)]
     workers = [spawn("w-a", models=models), spawn("w-b", models=models)]
     await eventually(
-        lambda: all(len(r.membership.accepting_workers()) == 2 for r in routers), 60, "both workers accepted"
+        lambda: all(len(accepting_workers(r)) == 2 for r in routers), 60, "both workers accepted"
     )
     return routers, workers
 
@@ -188,7 +188,7 @@ async def test_replay_after_a_version_roll_returns_the_original_version(
     config_path.write_text(yaml.safe_dump(config))
     router = await make_router(tenants=TENANTS, redis=RedisSettings(url=redis_server.url))
     old = spawn("w-v1")
-    await eventually(lambda: "w-v1" in router.membership.accepting_workers(), 60, "v1 worker")
+    await eventually(lambda: router.driver.core.accepting("w-v1"), 60, "v1 worker")
     original = await infer(router, synthetic_request(5.0), key="roll-1")
     assert original.model_version == "1"
     spawn("w-v2", repository=rolled)

@@ -68,10 +68,11 @@ def test_every_arrival_ends_exactly_once_and_nothing_is_left_behind() -> None:
     assert any(o.startswith("UNAVAILABLE/") and "worker_lost" not in o for o in outcomes)  # shed
     assert any(o.startswith("DEADLINE_EXCEEDED/") for o in outcomes)  # expired
     # every admission slot came back, and the core holds no request any more
-    assert set(sim.admission.limiter.inflight.values()) == {0}
-    assert sim.dispatcher.queued() == 0
-    assert not sim.dispatcher.in_flight
-    assert "w2" not in sim.dispatcher.workers  # drained and gone
+    [core] = sim.cores
+    assert set(core.admission.limiter.inflight.values()) == {0}
+    assert core.queues.queued() == 0
+    assert not core.in_flight
+    assert "w2" not in core.workers  # drained and gone
     assert all(r.latency_s >= 0 for r in result.records)
 
 

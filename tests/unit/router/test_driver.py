@@ -36,6 +36,7 @@ from router.peers import PeerView
 from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
+from router.policy.core import RouterCore
 from router.policy.lanes import Lane
 from router.policy.tenants import Tenant
 from router.status import StatusLoop
@@ -62,7 +63,14 @@ class FakeLink(WorkerLink):
     """The router's end of a stream, without the stream: records what is sent; answers if told to."""
 
     def __init__(self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0) -> None:
-        super().__init__(worker_id, "unused:0", lambda *_: None, lambda *_: None, UNUSED_CLUSTER)
+        super().__init__(
+            worker_id,
+            "unused:0",
+            on_message=lambda *_: None,
+            on_up=lambda *_: None,
+            on_closed=lambda *_: None,
+            cluster=UNUSED_CLUSTER,
+        )
         self.driver = driver
         self.fail_sends = fail_sends
         self.sent: list[worker_pb2.RouterMessage] = []
@@ -84,7 +92,8 @@ class FakeLink(WorkerLink):
             result.items.add(item_id=item.item_id, outputs=[out])
         driver = self.driver
         assert driver is not None
-        asyncio.get_running_loop().call_soon(driver.on_result, self.worker_id, result)
+        message = worker_pb2.WorkerMessage(result=result)
+        asyncio.get_running_loop().call_soon(driver.on_message, self.worker_id, message)
 
     async def close(self) -> None:
         self.closed_by_router = True
@@ -100,22 +109,24 @@ def decoded() -> DecodedRequest:
     return decode_infer_request(request, RECORD)
 
 
-def make_driver(links: WorkerLinks, worker_hang_s: float = 5.0) -> Driver:
-    return Driver(
-        MonotonicClock(),
-        links,
-        RouterMetrics(),
+def make_driver(
+    links: WorkerLinks, *, worker_hang_s: float = 5.0, batcher: TimerBatcher | None = None
+) -> Driver:
+    clock = MonotonicClock()
+    core = RouterCore(
+        clock.now(),
+        settings=RouterSettings(worker_hang_s=worker_hang_s, watchdog_s=2.0),
         admission=AdmissionSettings(),
         tenants={TENANT.name: TENANT.settings},
-        settings=RouterSettings(worker_hang_s=worker_hang_s),
-        batcher=TimerBatcher(),
+        batcher=batcher or TimerBatcher(),
     )
+    return Driver(clock, core, links, RouterMetrics())
 
 
 def join(driver: Driver, *worker_ids: str) -> None:
     for worker_id in worker_ids:
-        driver.worker_joined(worker_id, {("mlp", "1")}, capacity=2)
-        driver.worker_accepting(worker_id, True)
+        driver.worker_registered(worker_id, {("mlp", "1"): {}}, 2, True)
+        driver.worker_connected(worker_id, True)
 
 
 @pytest.fixture
@@ -178,7 +189,7 @@ async def test_a_worker_that_hangs_is_treated_as_lost_and_its_request_runs_elsew
         join(driver, "w2")
         assert await pending == Code.OK
         assert hung.closed_by_router
-        assert "w1" not in driver.dispatcher.workers
+        assert "w1" not in driver.core.workers
     finally:
         await driver.stop()
 
@@ -188,17 +199,24 @@ class _Fatal(BaseException):
 
 
 class _DeadlyBatcher(TimerBatcher):
+    """Asks to be woken at `at`, and then kills whatever called it (only the loop ticks then)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
     def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
-        raise _Fatal
+        if ctx.now >= self.at:
+            raise _Fatal
+        return WakeAt(self.at)
 
 
 async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
     links: WorkerLinks,
 ) -> None:
     clock = MonotonicClock()
+    driver = make_driver(links, batcher=_DeadlyBatcher(clock.now() + 0.2))
     metrics = RouterMetrics()
     tenants = {TENANT.name: TENANT.settings}
-    driver = Driver(clock, links, metrics, tenants=tenants, batcher=_DeadlyBatcher())
     links.add(FakeLink("w1", driver))
     join(driver, "w1")
     health = HealthServicer()
@@ -206,9 +224,7 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
     status = StatusLoop(
         driver=driver,
         catalog=ModelCatalog(),
-        peers=PeerView(
-            EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics, clock=clock
-        ),
+        peers=PeerView(EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics),
         cache=CacheGate(store, CacheSettings(), metrics),
         live=LiveStats(),
         metrics=metrics,
