@@ -16,7 +16,6 @@ that it is alive (router/status.py).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass
 
@@ -50,8 +49,6 @@ TICK_S = 0.5
 """The decision loop runs at least this often, even with nothing to do: its heartbeat."""
 MAX_BUDGET_US = 2**63 - 1
 """An item's budget is an int64 on the wire."""
-ITEM_OVERHEAD_BYTES = 256
-"""Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 SHUTDOWN_RETRY_S = 0.1
 
 
@@ -138,7 +135,6 @@ class Driver:
         self._metrics = metrics
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, tuple[str, Span]] = {}
-        self._ids = itertools.count(1)
         self._alarm = Alarm()
         self._sleeping_until = float("inf")
         self._answered = asyncio.Event()
@@ -160,18 +156,22 @@ class Driver:
     async def _run(self) -> None:
         while True:
             self._alarm.clear()
-            now = self.last_tick = self.clock.now()
-            try:
-                decision = self.core.tick(now)
-            except Exception as exc:  # the core is in an unknown state: end what it holds, go on
-                log.exception("the decision loop failed; failing every request it holds")
-                self.abandon(Internal(f"the router's scheduler failed ({type(exc).__name__})"))
-                decision = Decision()
-            self._carry_out(decision, now)
-            wake = decision.wake_at
+            wake = self.tick()
             seconds = TICK_S if wake is None else min(TICK_S, max(0.0, wake - self.clock.now()))
             self._sleeping_until = self.clock.now() + seconds
             await self._alarm.sleep(seconds)
+
+    def tick(self) -> float | None:
+        """One pass of the loop: tick the core now and carry the decision out; when to tick next."""
+        now = self.last_tick = self.clock.now()
+        try:
+            decision = self.core.tick(now)
+        except Exception as exc:  # the core is in an unknown state: end what it holds, go on
+            log.exception("the decision loop failed; failing every request it holds")
+            self.abandon(Internal(f"the router's scheduler failed ({type(exc).__name__})"))
+            decision = Decision()
+        self._carry_out(decision, now)
+        return decision.wake_at
 
     def healthy(self, now: float) -> bool:
         """Whether the decision loop is running and ticked within `watchdog_s`."""
@@ -193,19 +193,18 @@ class Driver:
         now = self.clock.now()
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
         span = get_current_span().get_span_context()
-        request = QueuedRequest(
-            next(self._ids),
-            decoded.lane,
-            decoded.rows,
+        request = self.core.new_request(
             now,
-            deadline,
-            Waiter(decoded, future, span if span.is_valid else None),
+            lane=decoded.lane,
+            rows=decoded.rows,
+            deadline=deadline,
+            payload=Waiter(decoded, future, span if span.is_valid else None),
             tenant=tenant.name,
             priority=priority,
             weight=tenant.settings.weight,
-            size_bytes=decoded.input_bytes,
+            input_bytes=decoded.input_bytes,
+            response_bytes=decoded.response_bytes,
             cost=decoded.cost,
-            wire_bytes=decoded.input_bytes + decoded.response_bytes + ITEM_OVERHEAD_BYTES,
         )
         self._carry_out(self.core.arrive(now, request, self.core.limits(decoded.record)), now)
         if not future.done():

@@ -132,7 +132,7 @@ class Simulation:
                 break
             if next_arrival <= next_event:
                 now = next_arrival
-                self._arrive(i, classes[i], now)
+                self.arrive(i, classes[i], now)
                 i += 1
             else:
                 now, _, kind, data = heapq.heappop(self._events)
@@ -151,22 +151,21 @@ class Simulation:
             router, generation = data
             if generation == self._timer_gen[router]:
                 self._fired(router, now)
-                self._apply(router, self.cores[router].tick(now), now)
+                self.tick(router, now)
         elif kind == DONE:
             assert isinstance(data, SimWorker)
             self._forward_done(data, now)
         elif kind == ANSWER:
             assert isinstance(data, tuple)
             router, worker_id, answer = data
-            self._answer(router, worker_id, answer, now)
+            self.answered(router, worker_id, answer, now)
         elif kind == CRASH:
             assert isinstance(data, Failure)
             self.workers[data.worker].crash()
             self._push(now + data.detect_ms / 1000.0, NOTICED, data.worker)
         elif kind == NOTICED:
             assert isinstance(data, str)
-            for router, core in enumerate(self.cores):
-                self._apply(router, core.worker_left(now, data, "crashed"), now)
+            self.worker_left(data, "crashed", now)
         elif kind == DRAIN:
             assert isinstance(data, Failure)
             worker = self.workers[data.worker]
@@ -213,18 +212,36 @@ class Simulation:
         if wake_at is not None:
             self._push(max(wake_at, now) + TIMER_SLACK_S, TIMER, (router, self._timer_gen[router]))
 
-    # -- events -------------------------------------------------------------------------------------------
-    def _arrive(self, index: int, cls: int, now: float) -> None:
+    # -- events (public, so a scripted sequence can drive them: tests/unit/router/test_one_core.py) -------
+    def tick(self, router: int, now: float) -> None:
+        """A router's timer."""
+        self._apply(router, self.cores[router].tick(now), now)
+
+    def worker_left(self, worker_id: str, why: str, now: float) -> None:
+        """Every router learns that a worker is gone."""
+        for router, core in enumerate(self.cores):
+            self._apply(router, core.worker_left(now, worker_id, why), now)
+
+    def arrive(self, index: int, cls: int, now: float) -> None:
+        """Arrival `index` (of class `cls`) reaches a router, the routers taken in turn."""
         spec = self.classes[cls]
         deadline = now + spec.deadline_ms / 1000.0 - self.overhead_s
         lane = self.plan.lanes[cls]
         length = lane.shape[0][1][0]  # the padded length: the lane's shape bucket
-        request = QueuedRequest(
-            index, lane, spec.rows, now, deadline, cls, tenant=spec.tenant, priority=spec.priority,
-            size_bytes=spec.rows * length * BYTES_PER_ROW_ITEM, cost=spec.rows * length,
-        )  # fmt: skip
         router = index % len(self.cores)
-        self._apply(router, self.cores[router].arrive(now, request, self.plan.limits[cls]), now)
+        core = self.cores[router]
+        request = core.new_request(
+            now,
+            lane=lane,
+            rows=spec.rows,
+            deadline=deadline,
+            payload=(index, cls),
+            tenant=spec.tenant,
+            priority=spec.priority,
+            input_bytes=spec.rows * length * BYTES_PER_ROW_ITEM,
+            cost=spec.rows * length,
+        )
+        self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now)
 
     def _forward_done(self, worker: SimWorker, now: float) -> None:
         if not worker.alive or worker.running is None or worker.running.ends != now:
@@ -234,10 +251,11 @@ class Simulation:
             self._push(following.ends, DONE, worker)
         self._late_rows(done, now)
         for router, answer in worker.answers(done):
-            self._answer(router, worker.worker_id, answer, now)
+            self.answered(router, worker.worker_id, answer, now)
         self._leave_if_drained(worker, now)
 
-    def _answer(self, router: int, worker_id: str, answer: BatchAnswer, now: float) -> None:
+    def answered(self, router: int, worker_id: str, answer: BatchAnswer, now: float) -> None:
+        """A worker's answer reaches the router that sent the batch."""
         self._apply(router, self.cores[router].answered(now, worker_id, answer), now)
 
     def _late_rows(self, done: Running, now: float) -> None:
@@ -264,7 +282,8 @@ class Simulation:
 
     # -- outcomes -----------------------------------------------------------------------------------------
     def _end(self, request: QueuedRequest, now: float, outcome: Served | SluiceError) -> None:
-        index = request.request_id
+        assert isinstance(request.payload, tuple)
+        index = request.payload[0]
         if self._records[index] is not None:
             raise AssertionError(f"request {index} ended twice")
         cls = class_of(request)

@@ -29,9 +29,10 @@ from router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
 
 
 def class_of(request: QueuedRequest) -> int:
-    """The class index the simulator stores as the request's payload."""
-    assert isinstance(request.payload, int)
-    return request.payload
+    """The class of a simulated request (its payload is (arrival index, class index))."""
+    assert isinstance(request.payload, tuple)
+    cls: int = request.payload[1]
+    return cls
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class SimWorker:
     model: ModelSpec
     noise: Noise
     item_cost: list[float]
-    """Per-item cost of each class; a request's `payload` is its class index (the shell owns payloads)."""
+    """Per-item cost of each class (a request's payload names its class; the shell owns payloads)."""
     rng: random.Random
     capacity: int
     batch_overhead_s: float = 0.0

@@ -65,6 +65,8 @@ MIN_RETRY_S = 0.01
 HANG_FACTOR = 10.0
 """A worker is hung once it holds work this many times longer than that work was expected to take (and
 at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
+ITEM_OVERHEAD_BYTES = 256
+"""Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 BATCH_S_WEIGHT = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
 BUSY = "worker_busy"
@@ -107,8 +109,33 @@ class RouterCore:
         self._lane_limits: dict[LaneKey, LaneLimits] = {}
         """Each lane's limits, kept for requests that are queued again after their lane emptied."""
         self._batch_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
 
     # -- requests ---------------------------------------------------------------------------------------
+    def new_request(
+        self,
+        now: float,
+        *,
+        lane: LaneKey,
+        rows: int,
+        deadline: float,
+        payload: object,
+        tenant: str,
+        priority: int,
+        weight: float = 1.0,
+        input_bytes: int = 0,
+        response_bytes: int = 0,
+        cost: int = 1,
+    ) -> QueuedRequest:
+        """A request as the core keeps it, with a fresh id; `payload` is the shell's and never looked at.
+        What it weighs on the worker stream (its inputs, its expected outputs and their framing) is what
+        batches are cut by to fit the cluster's message limit."""
+        return QueuedRequest(
+            next(self._request_ids), lane, rows, now, deadline, payload, tenant=tenant, priority=priority,
+            weight=weight, size_bytes=input_bytes, cost=cost,
+            wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
+        )  # fmt: skip
+
     def limits(self, record: ModelRecord) -> LaneLimits:
         """The batching limits of a model version's lanes."""
         limits = (record.max_batch_size, record.max_wait_s, record.max_batch_cost, self.max_batch_bytes)
