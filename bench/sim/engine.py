@@ -186,8 +186,9 @@ class Simulation:
         if self._spins[router] > MAX_SPINS:
             raise AssertionError(f"router {router} keeps asking to be woken at {now} without progress")
 
-    def _apply(self, router: int, decision: Decision, now: float) -> None:
-        """Carry out one core decision, as the driver would."""
+    def _apply(self, router: int, decision: Decision, now: float, *, ticked: bool = True) -> None:
+        """Carry out one core decision, as the driver would (`ticked`: it came from a tick, or an event that
+        ticks, so its wake-up is all the core waits for)."""
         for settled in decision.settled:
             self._end(settled.request, now, settled.outcome)
         for worker_id, item_ids in decision.drops.items():
@@ -202,10 +203,14 @@ class Simulation:
                 self._push(started.ends, DONE, worker)
             if busy is not None:
                 self._push(now, ANSWER, (router, worker.worker_id, busy))
-        self._arm(router, decision.wake_at, now)
+        self._arm(router, decision.wake_at, now, ticked=ticked)
 
-    def _arm(self, router: int, wake_at: float | None, now: float) -> None:
-        if wake_at == self._timer_at[router] or (wake_at is None and self._timer_at[router] is not None):
+    def _arm(self, router: int, wake_at: float | None, now: float, *, ticked: bool) -> None:
+        """As the driver's alarm: a tick's wake-up replaces the timer; another event's only brings it
+        forward (a superseded timer never fires)."""
+        armed = self._timer_at[router]
+        earlier = wake_at is not None and (armed is None or wake_at < armed)
+        if wake_at == armed or not (ticked or earlier):
             return
         self._timer_gen[router] += 1
         self._timer_at[router] = wake_at
@@ -241,7 +246,7 @@ class Simulation:
             input_bytes=spec.rows * length * BYTES_PER_ROW_ITEM,
             cost=spec.rows * length,
         )
-        self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now)
+        self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now, ticked=False)
 
     def _forward_done(self, worker: SimWorker, now: float) -> None:
         if not worker.alive or worker.running is None or worker.running.ends != now:

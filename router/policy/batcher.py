@@ -71,9 +71,11 @@ class Cut:
 
 @dataclass(frozen=True)
 class WakeAt:
-    """Nothing to do before `when` unless an event arrives."""
+    """Nothing to do before `when` unless an event arrives — and an arrival changes nothing either until
+    the lane holds `rows` rows (so the core need not ask again on every arrival)."""
 
     when: float
+    rows: int
 
 
 class Batcher(Protocol):
@@ -117,7 +119,7 @@ class TimerBatcher:
             cut_by = min(cut_by, bound)
         if ctx.worker_idle:
             return Cut("idle_worker")
-        return WakeAt(cut_by)
+        return WakeAt(cut_by, lane.limits.max_batch_size)
 
 
 def latency_line(batch_seconds: BatchSeconds, max_batch: int) -> tuple[float, float]:
@@ -167,7 +169,7 @@ class AdaptiveBatcher:
         if not ctx.worker_idle and ctx.now < hold_until:
             # The worker is busy: a batch sent now would only wait there. Keep collecting (a fuller batch,
             # and the choice of worker stays open) until just before it is free, or the budget says go.
-            return WakeAt(hold_until if bound is None else min(hold_until, bound))
+            return WakeAt(hold_until if bound is None else min(hold_until, bound), limits.max_batch_size)
         target = self.target(lane, ctx)
         if lane.rows >= target:
             return Cut("target")
@@ -179,4 +181,4 @@ class AdaptiveBatcher:
         cut_by = min(give_up, filled_at, bound if bound is not None else math.inf)
         if ctx.worker_idle and filled_at > min(give_up, bound if bound is not None else math.inf):
             return Cut("idle_worker")
-        return WakeAt(cut_by)
+        return WakeAt(cut_by, target)

@@ -35,6 +35,7 @@ import itertools
 import math
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from common.config import AdmissionSettings, RouterSettings, TenantSettings
 from common.errors import (
@@ -73,6 +74,17 @@ BUSY = "worker_busy"
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """A lane's last decision to wait: until `when`, or until it holds `rows`, taken at `epoch` of the
+    worker pool, when its tightest latest start was `latest_start`."""
+
+    when: float
+    rows: int
+    epoch: int
+    latest_start: float
+
+
 class RouterCore:
     """The policy of one router: queues, in-flight batches, workers, estimates, breaker, admission."""
 
@@ -106,6 +118,8 @@ class RouterCore:
         self._stall_stamp: dict[str, int] = {}
         self._reopens: list[tuple[float, str]] = []
         """(when a worker's open breaker lets a probe through, worker)."""
+        self._waiting: dict[LaneKey, _Waiting] = {}
+        """Each lane's last batching decision that was to wait (see `_still_waiting`)."""
         self._lane_limits: dict[LaneKey, LaneLimits] = {}
         """Each lane's limits, kept for requests that are queued again after their lane emptied."""
         self._batch_ids = itertools.count(1)
@@ -173,8 +187,13 @@ class RouterCore:
                 self._queue(decision, request)
             except SluiceError as refused:
                 self._end(decision, request, refused)
-            else:
-                return self._then_tick(decision, now)
+            else:  # only its own lane can have changed: no need for a whole tick
+                lane = self.queues.lanes[key]
+                if self._still_waiting(lane, request, now):
+                    decision.wake(self._waiting[key].when)
+                else:
+                    self._drain(decision, lane, now)
+                decision.wake(lane.earliest_latest_start())
         return decision
 
     def _queue(self, decision: Decision, request: QueuedRequest) -> None:
@@ -247,7 +266,8 @@ class RouterCore:
         return self._then_tick(decision, now)
 
     def _gone(self, decision: Decision, worker_id: str, why: str, now: float) -> None:
-        lost = [d for d in self.in_flight.values() if d.worker_id == worker_id]
+        slot = self.workers.get(worker_id)
+        lost = [self.in_flight[b] for b in (slot.batches if slot else ()) if b in self.in_flight]
         if lost:
             self.breaker.failure(worker_id, now)
         for dispatch in lost:
@@ -328,10 +348,7 @@ class RouterCore:
         self._hung_workers(decision, now)
         self._reopen_breakers(decision, now)
         for lane in self.queues.by_urgency(now):
-            try:
-                self._drain_lane(decision, lane, now)
-            except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
-                self._fail_lane(decision, lane, exc)
+            self._drain(decision, lane, now)
         self.queues.prune()
         decision.wake(self.queues.next_late())
         return decision
@@ -392,8 +409,7 @@ class RouterCore:
         stamp = self._stall_stamp.get(slot.worker_id, 0) + 1
         self._stall_stamp[slot.worker_id] = stamp
         if slot.in_flight_batches:
-            held = sum(d.expected_s for d in self.in_flight.values() if d.worker_id == slot.worker_id)
-            at = slot.last_progress + max(self.settings.worker_hang_s, HANG_FACTOR * held)
+            at = slot.last_progress + max(self.settings.worker_hang_s, HANG_FACTOR * slot.held_s)
             heapq.heappush(self._stalls, (at, slot.worker_id, stamp))
 
     def _reopen_breakers(self, decision: Decision, now: float) -> None:
@@ -404,13 +420,40 @@ class RouterCore:
             decision.wake(self._reopens[0][0])
 
     # -- batches ----------------------------------------------------------------------------------------
+    def _still_waiting(self, lane: Lane, newcomer: QueuedRequest, now: float) -> bool:
+        """Whether the lane's last batching decision still stands after `newcomer` joined it: nothing about
+        the workers changed since, the lane is still short of the rows that decision waited for, its time
+        has not come, and the newcomer's budget is no tighter (then asking again would say the same; on
+        a busy lane this spares a decision per arrival)."""
+        waiting = self._waiting.get(lane.key)
+        return (
+            waiting is not None
+            and waiting.epoch == self.workers.epoch
+            and now < waiting.when
+            and lane.rows < waiting.rows
+            and newcomer.latest_start >= waiting.latest_start
+        )
+
+    def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
+        try:
+            self._drain_lane(decision, lane, now)
+        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
+            self._fail_lane(decision, lane, exc)
+
     def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
         key = lane.key
         version = (key.model, key.version)
         stats = self.queues.stats_of(key)
 
-        def batch_seconds(rows: int) -> float:
-            return self.estimates.batch_seconds(key.model, key.version, rows, shape=key.shape)
+        known: dict[int, float] = {}
+
+        def batch_seconds(rows: int) -> float:  # asked several times per decision: once per size
+            seconds = known.get(rows)
+            if seconds is None:
+                seconds = known[rows] = self.estimates.batch_seconds(
+                    key.model, key.version, rows, shape=key.shape
+                )
+            return seconds
 
         def seconds_on(worker_id: str) -> float:
             rows = min(lane.rows, lane.limits.max_batch_size)
@@ -433,6 +476,10 @@ class RouterCore:
             ctx = BatchContext(now, idle, batch_seconds, len(serving), stats, free_at)
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
+                latest = lane.earliest_latest_start()
+                self._waiting[key] = _Waiting(
+                    verdict.when, verdict.rows, self.workers.epoch, math.inf if latest is None else latest
+                )
                 decision.wake(verdict.when)
                 return
             self._send(decision, worker, lane, verdict.reason, now)
@@ -442,12 +489,14 @@ class RouterCore:
         requests = tuple(lane.pop_batch(now))
         rows = sum(r.rows for r in requests)
         expected = self.estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
-        dispatch = Dispatch(next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now)
+        dispatch = Dispatch(
+            next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
+        )
         self.in_flight[dispatch.batch_id] = dispatch
         for request in requests:
             self._item_batch[request.request_id] = dispatch.batch_id
         heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
-        self.workers.reserve(worker, rows, now, expected)
+        self.workers.reserve(worker, dispatch.batch_id, rows, now, expected)
         self.breaker.dispatched(worker.worker_id, now)
         self._allow(worker.worker_id, now)
         self._watch_progress(worker, now)
@@ -466,9 +515,8 @@ class RouterCore:
         """A batch is no longer in flight (answered, lost or unsent): free its worker's place."""
         self._forget_batch(dispatch)
         slot = self.workers.get(dispatch.worker_id)
-        if slot is not None:
-            held = sum(d.expected_s for d in self.in_flight.values() if d.worker_id == slot.worker_id)
-            self.workers.release(slot, dispatch.rows, now, held)
+        if slot is not None and dispatch.batch_id in slot.batches:
+            self.workers.release(slot, dispatch.batch_id, dispatch.rows, now)
             self._watch_progress(slot, now)
         return slot
 

@@ -13,7 +13,7 @@ from common.errors import SluiceError
 from router.policy.lanes import LaneKey, QueuedRequest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ItemAnswer:
     """A worker's outcome for one item: `code` 0 with `outputs`, or an error."""
 
@@ -28,7 +28,7 @@ class ItemAnswer:
     """The shell's tensors, never inspected by the core."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BatchAnswer:
     """A worker's answer to one batch."""
 
@@ -41,7 +41,7 @@ class BatchAnswer:
     """Batches the worker still held (all routers) when it answered; None when it did not say."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dispatch:
     """A batch cut from a lane and assigned to a worker."""
 
@@ -53,14 +53,11 @@ class Dispatch:
     expected_s: float
     """Estimated execution time on its worker when it was sent."""
     sent_at: float
-
-    @property
-    def rows(self) -> int:
-        """Batch-dimension rows in the batch."""
-        return sum(r.rows for r in self.requests)
+    rows: int
+    """Batch-dimension rows in the batch."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Served:
     """A successful outcome: the worker's outputs and how the request was served."""
 
@@ -71,7 +68,7 @@ class Served:
     outputs: object
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Settled:
     """A request that has ended, with its result or typed error. Every request ends exactly once."""
 
@@ -79,7 +76,7 @@ class Settled:
     outcome: Served | SluiceError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Learned:
     """A batch whose time taught the estimates: what was predicted, and what the core measured."""
 
@@ -88,7 +85,7 @@ class Learned:
     execute_s: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """What the shell must do now, and when to call `tick` again at the latest."""
 
@@ -100,6 +97,8 @@ class Decision:
     """Workers found hung (holding work, no progress): disconnect them."""
     learned: list[Learned] = field(default_factory=list)
     wake_at: float | None = None
+    """A tick's `wake_at` is everything the core waits for; another event's only adds what that event
+    changed (an arrival: its lane), so a shell keeps the earlier of that and the time it already had."""
 
     def settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
         """Record that `request` ended."""

@@ -46,6 +46,7 @@ class Queues:
         lane = self.lanes.get(request.lane)
         if lane is None:
             lane = self.lanes[request.lane] = Lane(request.lane, limits, self.aging_s)
+        lane.limits = limits  # the model version's current registration
         victims = self._make_room(lane, request) if self.bounds else []
         for victim in victims:
             self.remove(victim.request_id)

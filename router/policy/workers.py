@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 ModelVersion = tuple[str, str]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class WorkerSlot:
     """What this router knows about one worker."""
 
@@ -53,6 +53,13 @@ class WorkerSlot:
     batch_s: float = 0.0
     """A typical batch's time on it, as this router measured (what another router's batch is assumed to
     take there)."""
+    batches: dict[int, float] = field(default_factory=dict)
+    """This router's batches on it: batch id → expected seconds."""
+
+    @property
+    def held_s(self) -> float:
+        """Expected seconds of the batches this router holds on it."""
+        return sum(self.batches.values())
 
     @property
     def accepting(self) -> bool:
@@ -116,6 +123,8 @@ class WorkerPool:
     _workers: dict[str, WorkerSlot] = field(default_factory=dict)
     _free: dict[ModelVersion, IndexedSet] = field(default_factory=dict)
     _serving: dict[ModelVersion, IndexedSet] = field(default_factory=dict)
+    epoch: int = 0
+    """Counts slot changes: a batching decision taken at one epoch stands until the next."""
 
     def __contains__(self, worker_id: str) -> bool:
         return worker_id in self._workers
@@ -152,6 +161,7 @@ class WorkerPool:
 
     def refresh(self, slot: WorkerSlot) -> None:
         """Put the slot where its current state says, in every index of its models."""
+        self.epoch += 1
         accepting, free = slot.accepting, slot.has_free_slot
         for key in slot.models:
             serving = self._serving.setdefault(key, IndexedSet())
@@ -166,6 +176,7 @@ class WorkerPool:
                 room.discard(slot.worker_id)
 
     def _unindex(self, slot: WorkerSlot) -> None:
+        self.epoch += 1
         for key in slot.models:
             for index in (self._serving.get(key), self._free.get(key)):
                 if index is not None:
@@ -179,20 +190,22 @@ class WorkerPool:
         """Workers that can take a batch of this version now (do not mutate)."""
         return self._free.get(key) or IndexedSet()
 
-    def reserve(self, slot: WorkerSlot, rows: int, now: float, seconds: float) -> None:
+    def reserve(self, slot: WorkerSlot, batch_id: int, rows: int, now: float, seconds: float) -> None:
         """A batch of ours, expected to run `seconds`, went to the worker."""
         if not slot.in_flight_batches:
             slot.last_progress = now
+        slot.batches[batch_id] = seconds
         slot.in_flight_batches += 1
         slot.in_flight_rows += rows
         slot.busy_until = max(slot.busy_until, now) + seconds
         self.refresh(slot)
 
-    def release(self, slot: WorkerSlot, rows: int, now: float, still_expected_s: float) -> None:
+    def release(self, slot: WorkerSlot, batch_id: int, rows: int, now: float) -> None:
         """A batch of ours was answered (or lost): its place frees up, and the worker is expected to be done
-        with what it still holds `still_expected_s` from now (an estimate that ran late must not linger)."""
+        with what it still holds from now on (an estimate that ran late must not linger)."""
+        del slot.batches[batch_id]
         slot.last_progress = now
         slot.in_flight_batches -= 1
         slot.in_flight_rows -= rows
-        slot.busy_until = now + still_expected_s
+        slot.busy_until = now + slot.held_s
         self.refresh(slot)

@@ -132,7 +132,8 @@ def test_a_thousand_workers() -> None:
     assert len(result.workers) == 1000
     assert len(result.records) == result.plan.arrivals > 1000
     assert all(r.ok for r in result.records)
-    assert sum(1 for w in result.workers if w.batches) > 500  # spread, not piled on a few
+    used = [w.batches for w in result.workers if w.batches]
+    assert len(used) >= 0.9 * len(result.batch_rows) and max(used) <= 3  # spread, not piled on a few
 
 
 def _cli(*argv: str) -> int:

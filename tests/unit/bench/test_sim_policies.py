@@ -62,7 +62,8 @@ def slow_share(summary: dict[str, Any]) -> float:
 def test_a_twice_slower_worker_gets_at_most_half_the_work_and_p99_beats_round_robin_under_load() -> None:
     busy = load("sim_slow_worker", load=0.3, duration_s=10)
     expected, robin = run(busy, scheduler="expected_completion"), run(busy, scheduler="round_robin")
-    assert slow_share(expected) <= 0.5 <= slow_share(robin)  # measured 0.06 vs 0.52 (0.36 vs 0.5 at 0.9x)
+    # measured 0.06 vs 0.47 (round robin hands out batches in turn, so near the speed-blind 0.5)
+    assert slow_share(expected) <= 0.5 and slow_share(expected) < slow_share(robin) / 2
     assert p99(expected) < p99(robin)
 
 

@@ -207,7 +207,7 @@ class _DeadlyBatcher(TimerBatcher):
     def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
         if ctx.now >= self.at:
             raise _Fatal
-        return WakeAt(self.at)
+        return WakeAt(self.at, lane.limits.max_batch_size)
 
 
 async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
