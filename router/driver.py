@@ -348,6 +348,9 @@ class Driver:
                 item_id=request.request_id, inputs=_waiter(request).decoded.inputs, budget_us=budget_us
             )
             self._metrics.queue_wait.labels(model).observe(now - request.arrival)
+        again = sum(1 for r in dispatch.requests if r.attempts > 1)
+        if again:
+            self._metrics.redispatched.labels(model).inc(again)
         self._metrics.batch_size.labels(model).observe(dispatch.rows)
         record = _waiter(dispatch.requests[0]).decoded.record
         self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)

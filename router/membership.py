@@ -42,7 +42,7 @@ RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 class Membership:
-    """Reconciles etcd's worker records with worker links and the driver's worker pool."""
+    """Reconciles etcd's worker records with worker links, and tells the driver what changed."""
 
     def __init__(
         self,

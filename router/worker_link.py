@@ -4,8 +4,9 @@ A link only moves messages (over the cluster's mTLS or with its token, common/cl
 queues a RouterMessage for the writer, every WorkerMessage read is handed to `on_message` (the driver),
 the first one also to `on_up`, and when the stream ends for any reason `on_closed` is called exactly once
 with the link itself (so a stale link can be told from the current one).
-gRPC keepalive pings every 500 ms with a 500 ms ack deadline make a dead or frozen peer visible within
-about a second even when no batch is in flight (a killed peer's socket closes at once).
+A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the heartbeat watch in
+router/membership.py closes its stream after 0.8 s without a message (load reports come every 0.25 s).
+gRPC keepalive pings every 500 ms with a 500 ms ack deadline back that up (gRPC alone takes ~1.5 s).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class WorkerLink:
         finally:
             self._closed = True
             self.ready = False
+            self._outbox.put_nowait(None)  # ends the request generator, rather than leaving it to the GC
             self._on_closed(self, reason)
 
 

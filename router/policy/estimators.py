@@ -1,6 +1,8 @@
 """Online estimates of batch execution time, t(n) = a + b·n per model version.
 
-Workers report every batch's forward time and size; each model version keeps an exponentially weighted
+The router core measures every batch as the router sees it — from when the worker could start it to its
+answer, or the worker's reported forward time if longer (router/policy/core.py, `_learn`) — with its
+size; each model version (and each lane shape, and each worker) keeps an exponentially weighted
 least-squares fit so the estimate follows drift (a GPU warming up, a noisy neighbour) within a few dozen
 batches. Until enough distinct batch sizes were seen, the fit is seeded from the worker's warm-up timings.
 Estimates are conservative where it matters: `a` and `b` never go negative, and admission multiplies by a
