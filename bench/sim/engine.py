@@ -25,6 +25,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from bench.loadgen_stats import RequestRecord
 from bench.sim.plan import RunPlan
@@ -96,11 +97,12 @@ class Simulation:
         self.events = 0
         for failure in scenario.failures:
             self._push(failure.at_s, CRASH if failure.kind == "crash" else DRAIN, failure)
-        for router in range(len(self.cores)):
+        for router, core in enumerate(self.cores):
+            core.set_routers(0.0, len(self.cores))
             for worker in self.workers.values():
                 self._register(router, worker, ready=True, now=0.0)
-                self._apply(router, self.cores[router].worker_connected(0.0, worker.worker_id, True), 0.0)
-        if len(self.cores) > 1:
+                self._apply(router, core.worker_connected(0.0, worker.worker_id, True), 0.0)
+        if len(self.cores) > 1 and scenario.workers_report_load:
             self._push(scenario.load_report_ms / 1000.0, REPORT, None)
 
     def _warmup_timings(self) -> dict[int, float]:
@@ -255,8 +257,10 @@ class Simulation:
         if following is not None:
             self._push(following.ends, DONE, worker)
         self._late_rows(done, now)
+        blind = not self.plan.scenario.workers_report_load
         for router, answer in worker.answers(done):
-            self.answered(router, worker.worker_id, answer, now)
+            told = replace(answer, queued_batches=None) if blind else answer
+            self.answered(router, worker.worker_id, told, now)
         self._leave_if_drained(worker, now)
 
     def answered(self, router: int, worker_id: str, answer: BatchAnswer, now: float) -> None:
@@ -308,7 +312,8 @@ class Simulation:
             raise AssertionError(f"{len(missing)} request(s) never ended (first: {missing[0]})")
         records = [r for r in self._records if r is not None]
         workers = [
-            WorkerStats(w.worker_id, w.speed, w.forwards, w.rows, w.busy_s) for w in self.workers.values()
+            WorkerStats(w.worker_id, w.speed, w.forwards, w.rows, w.busy_s, w.max_held)
+            for w in self.workers.values()
         ]
         forwards = [rows for w in self.workers.values() for rows in w.forward_rows]
         return SimResult(

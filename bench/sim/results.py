@@ -34,8 +34,11 @@ class WorkerStats:
     worker_id: str
     speed: float
     batches: int
+    """Forward passes it ran."""
     rows: int
     busy_s: float
+    max_held: int
+    """The most batches it held at once, from all routers."""
 
 
 @dataclass
@@ -98,6 +101,7 @@ def _workers(result: SimResult) -> dict[str, Any]:
         "count": len(result.workers),
         "rows_per_worker": {"min": min(rows), "mean": float(np.mean(rows)), "max": max(rows)},
         "busy_mean": sum(w.busy_s for w in result.workers) / span / len(result.workers),
+        "max_held": max(w.max_held for w in result.workers),
         "by_speed": by_speed,
         "detail": detail,
     }

@@ -181,6 +181,8 @@ class SimScenario(_Strict):
     """Routers sharing the workers; arrivals are spread over them in turn, each runs its own core."""
     load_report_ms: float = Field(default=250.0, gt=0)
     """How often every worker reports its load to every router (the real heartbeat interval)."""
+    workers_report_load: bool = True
+    """False: routers see only their own batches on a worker, as before 2026-11-30 (for comparison)."""
     policy: Policy = Policy()
     """The policy of a plain run."""
     variants: list[Variant] = []

@@ -78,6 +78,8 @@ class SimWorker:
     rows: int = 0
     busy_s: float = 0.0
     forward_rows: list[int] = field(default_factory=list)
+    max_held: int = 0
+    """The most batches it ever held at once (all routers)."""
 
     @property
     def held(self) -> int:
@@ -101,6 +103,7 @@ class SimWorker:
                     for r in dispatch.requests}  # fmt: skip
             return None, BatchAnswer(dispatch.batch_id, busy, 0, 0.0, self.held)
         self.waiting.append(Held(dispatch, router))
+        self.max_held = max(self.max_held, self.held)
         return (self._start_next(now) if self.running is None else None), None
 
     def drop(self, item_ids: list[int]) -> None:

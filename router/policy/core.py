@@ -473,7 +473,8 @@ class RouterCore:
                 return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
             idle = worker.in_flight_batches == 0 and worker.others == 0
             free_at = max(worker.busy_until, worker.others_free_at)
-            ctx = BatchContext(now, idle, batch_seconds, len(serving), stats, free_at)
+            share = len(serving) / self.admission.limiter.routers
+            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at)
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
                 latest = lane.earliest_latest_start()
