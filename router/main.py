@@ -35,6 +35,7 @@ from common.tls import server_credentials
 from router.auditor import CacheAuditor
 from router.auth import AccessPolicy
 from router.cache_gate import CacheGate
+from router.dataplane import DataPlane, DriverBackend
 from router.driver import Driver
 from router.edge import MalformedBodies, add_service
 from router.idempotency_gate import IdempotencyGate
@@ -119,8 +120,9 @@ class RouterServer:
         self.idempotency = IdempotencyGate(
             _idempotency_store(config, self.redis, self.clock), config.idempotency, self.clock, self.metrics
         )
+        backend = DriverBackend(self.driver)
         self.auditor = CacheAuditor(
-            self.driver, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
+            backend, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
@@ -137,6 +139,21 @@ class RouterServer:
             autoscale=config.autoscale,
             clock=self.clock,
         )
+        self.dataplane = DataPlane(
+            backend,
+            self.catalog,
+            settings=settings,
+            metrics=self.metrics,
+            clock=self.clock,
+            tenants=self.peers.current_directory,
+            cache=self.cache,
+            idempotency=self.idempotency,
+            audit=self.auditor,
+            live=self.live,
+            levels=config.admission.priority_levels,
+            inflight_bytes=self.inflight_bytes,
+            tracer=tracer(self.tracer_provider, "sluice.router"),
+        )
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -144,21 +161,7 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        inference = InferenceServicer(
-            self.driver,
-            self.catalog,
-            settings=self.config.router,
-            metrics=self.metrics,
-            clock=self.clock,
-            tenants=self.peers.current_directory,
-            cache=self.cache,
-            idempotency=self.idempotency,
-            live=self.live,
-            levels=self.config.admission.priority_levels,
-            malformed=self.malformed,
-            inflight_bytes=self.inflight_bytes,
-            tracer=tracer(self.tracer_provider, "sluice.router"),
-        )
+        inference = InferenceServicer(self.dataplane, settings=self.config.router, malformed=self.malformed)
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
             membership=self.membership,
