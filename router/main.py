@@ -137,6 +137,7 @@ class RouterServer:
             inflight_bytes=self.inflight_bytes,
             health=self.health,
             autoscale=config.autoscale,
+            etcd_connected=self._etcd_connected,
             clock=self.clock,
         )
         self.dataplane = DataPlane(
@@ -216,9 +217,11 @@ class RouterServer:
         key = router_key(self.config.etcd.prefix, self.router_id)
         self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
         await self._registration.start()
-        registration = self._registration
-        self.status.etcd_connected = lambda: registration.connected
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
+
+    def _etcd_connected(self) -> bool:
+        """Whether this router's etcd registration holds its lease now (False before `start` made it)."""
+        return self._registration is not None and self._registration.connected
 
     def _bind(self, server: grpc.aio.Server) -> int:
         """Listen on the client port, with TLS (optionally requiring client certificates) if configured."""

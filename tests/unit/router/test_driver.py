@@ -216,6 +216,7 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
         inflight_bytes=ByteBudget(1024 * 1024),
         health=health,
         autoscale=AutoscaleSettings(),
+        etcd_connected=lambda: False,
         clock=clock,
     )
     driver.start()
