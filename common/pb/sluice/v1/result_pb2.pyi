@@ -23,7 +23,10 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class StoredTensor(_message.Message):
-    """One output tensor: raw little-endian `data` of `datatype`, batch dimension first."""
+    """One output tensor: raw little-endian `data` of `datatype`, batch dimension first. It repeats the fields of
+    worker.proto's `Tensor` on purpose: stored values outlive a router release (24 h in a shared Redis), so
+    their format must not change when the router-worker stream does.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
