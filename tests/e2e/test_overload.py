@@ -22,7 +22,7 @@ CLIENT_SIDE_EXPIRY_TOLERANCE = 0.001
 that the router sent before the deadline it set but that reached the client after the client's: the load
 generator shares two cores with the cluster and sometimes reads an answer late (measured: 0-3 in
 ~11,000). The router's own promise, never OK after the deadline it set, is exact and tested where it is
-made (tests/unit/router/test_driver.py, router/servicer.py's last check)."""
+made (tests/unit/router/test_driver.py, router/dataplane.py's last check)."""
 
 
 def _class(report: dict[str, Any], name: str) -> dict[str, Any]:
