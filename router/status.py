@@ -34,7 +34,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class StatusLoop:
-    """Keeps health, gauges and `desired_workers` current."""
+    """Keeps health, gauges and `desired_workers` current; `etcd_connected` answers whether the router's
+    own etcd registration is live now (the `etcd_up` gauge)."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class StatusLoop:
         inflight_bytes: ByteBudget,
         health: HealthServicer,
         autoscale: AutoscaleSettings,
+        etcd_connected: Callable[[], bool],
         clock: Clock,
     ) -> None:
         self._driver = driver
@@ -63,8 +65,7 @@ class StatusLoop:
         self.desired: dict[str, int] = {}
         self.core_stuck = False
         """Set for good once the watchdog found the decision loop dead or stuck."""
-        self.etcd_connected: Callable[[], bool] = lambda: False
-        """Set by the router once its registration exists."""
+        self._etcd_connected = etcd_connected
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -153,7 +154,7 @@ class StatusLoop:
         self._metrics.cache_bytes.set(stats.bytes_used)
         self._metrics.cache_evictions.set(stats.evictions)
         self._metrics.redis_up.set(0 if stats.redis_down else 1)
-        self._metrics.etcd_up.set(1 if self.etcd_connected() else 0)
+        self._metrics.etcd_up.set(1 if self._etcd_connected() else 0)
 
     def _export_desired(self, now: float) -> None:
         core = self._driver.core

@@ -23,7 +23,8 @@ Rules, and where they live:
    its outcome, DEADLINE_EXCEEDED if it came after the deadline, or goes elsewhere if the worker was busy.
 5. lost (worker gone, stream broke, send failed): each request is dispatched once more if its latest start
    allows, else UNAVAILABLE `worker_lost` with a short hint.
-6. the version to serve and the deadline of a request are decided here too (`resolve`, `deadline`).
+6. the version to serve and the deadline of a request are decided here too (`version_to_serve`,
+   `deadline_for`, which the data plane calls).
 Invariants: a request is queued, dispatched or ended — exactly one; it ends exactly once, and releases
 its admission slot then; `now` is never defaulted.
 """
@@ -34,7 +35,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from common.config import AdmissionSettings, RouterSettings, TenantSettings
@@ -71,6 +72,7 @@ ITEM_OVERHEAD_BYTES = 256
 BATCH_S_WEIGHT = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
 BUSY = "worker_busy"
+Serves = Callable[[str, str], bool]
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
 
 
@@ -154,22 +156,6 @@ class RouterCore:
         """The batching limits of a model version's lanes."""
         limits = (record.max_batch_size, record.max_wait_s, record.max_batch_cost, self.max_batch_bytes)
         return LaneLimits(*limits)
-
-    def deadline(self, now: float, time_remaining: float | None, timeout_s: float | None) -> float:
-        """A request's deadline: the earlier of its gRPC deadline and `parameters["timeout"]`, else the
-        default; never further than `max_timeout_s` (a request may only shorten the server's limit)."""
-        budgets = [t for t in (time_remaining, timeout_s) if t is not None]
-        settings = self.settings
-        return now + min(*(budgets or [settings.default_timeout_s]), settings.max_timeout_s)
-
-    def resolve(self, catalog: ModelCatalog, name: str, version: str) -> ModelRecord:
-        """The version to serve: the one asked for, or the highest a worker accepts batches for right now
-        (a version registered but not yet connected would only answer UNAVAILABLE)."""
-        if not version:
-            serving = [v for v in catalog.versions(name) if self.serves(name, v)]
-            if serving:
-                return catalog.resolve(name, serving[-1])
-        return catalog.resolve(name, version)
 
     def arrive(self, now: float, request: QueuedRequest, limits: LaneLimits) -> Decision:
         """A validated request: refuse it now, or admit and queue it (evicting less important work)."""
@@ -656,6 +642,25 @@ class RouterCore:
         """Batches this router has in flight on a worker."""
         slot = self.workers.get(worker_id)
         return 0 if slot is None else slot.in_flight_batches
+
+
+def deadline_for(
+    settings: RouterSettings, now: float, time_remaining: float | None, timeout_s: float | None
+) -> float:
+    """A request's deadline: the earlier of its transport deadline and `parameters["timeout"]`, else the
+    default; never further than `max_timeout_s` (a request may only shorten the server's limit)."""
+    budgets = [t for t in (time_remaining, timeout_s) if t is not None]
+    return now + min(*(budgets or [settings.default_timeout_s]), settings.max_timeout_s)
+
+
+def version_to_serve(catalog: ModelCatalog, name: str, version: str, serves: Serves) -> ModelRecord:
+    """The version to serve: the one asked for, or the highest a worker accepts batches for right now (a
+    version registered but not yet connected would only answer UNAVAILABLE), else the highest registered."""
+    if not version:
+        serving = [v for v in catalog.versions(name) if serves(name, v)]
+        if serving:
+            return catalog.resolve(name, serving[-1])
+    return catalog.resolve(name, version)
 
 
 def _no_worker(key: LaneKey) -> Unavailable:

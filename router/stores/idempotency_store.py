@@ -21,7 +21,8 @@ are short and, after a failure, Redis is skipped for a back-off. `complete` and 
 owner already has its answer, so a lost write only means a later duplicate waits out the lease and
 executes again.
 
-`acquire` is the loop the servicer runs: claim, wait while another caller executes, claim again.
+`acquire` is the loop the idempotency gate runs for the data plane: claim, wait while another caller
+executes, claim again.
 """
 
 from __future__ import annotations

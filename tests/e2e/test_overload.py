@@ -23,7 +23,7 @@ deadline firing first, the router's answer ready a hair after the deadline it se
 an OK that the router sent in time but that reached the client after the client's deadline: the load
 generator shares two cores with the cluster and sometimes reads an answer late (measured: 0-3 in
 ~11,000). The router's own promise, never OK after the deadline it set, is exact and tested where it is
-made (tests/unit/router/test_driver.py, router/servicer.py's last check)."""
+made (tests/unit/router/test_driver.py, router/dataplane.py's last check)."""
 
 
 def _class(report: dict[str, Any], name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 from cli.commands import EXIT_NOT_SERVING, health
 from common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
 from common.etcd import worker_key
+from common.exit_codes import EXIT_DEVICE_FAULT
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from tests.integration.conftest import MakeRouter, Spawn
@@ -22,7 +23,6 @@ from tests.integration.test_etcd import read_key
 from tests.integration.test_failures import call, request
 from tests.support.processes import eventually
 from tests.unit.worker.fakes import synthetic_config, write_model
-from worker.faults import EXIT_DEVICE_FAULT
 from worker.main import WorkerProcess
 
 pytestmark = pytest.mark.integration

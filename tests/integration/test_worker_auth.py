@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.certs import write_dev_certs
 from common.cluster_auth import TOKEN_HEADER
 from common.config import ClusterSettings, EtcdSettings, RouterSettings
+from common.dev_certs import write_dev_certs
 from common.etcd import WORKERS, open_client
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc

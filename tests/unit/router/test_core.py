@@ -14,7 +14,7 @@ from common.config import AdmissionSettings, RouterSettings
 from common.records import ModelRecord, TensorSpec, WorkerRecord
 from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
 from router.policy.catalog import ModelCatalog
-from router.policy.core import BUSY, HANG_FACTOR, RouterCore
+from router.policy.core import BUSY, HANG_FACTOR, RouterCore, deadline_for, version_to_serve
 from router.policy.lanes import Lane, LaneKey, LaneLimits
 from router.policy.outcomes import Served
 from router.policy.scheduler import ExpectedCompletion
@@ -364,16 +364,16 @@ def test_without_a_version_the_newest_one_a_worker_accepts_batches_for_is_served
     catalog.update({"w1": worker})
     core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, True)  # only version 1 is connected here
     core.worker_connected(0.0, "w1", True)
-    assert core.resolve(catalog, "m", "").version == "1"
+    assert version_to_serve(catalog, "m", "", core.serves).version == "1"
     core.worker_registered(0.0, "w2", {("m", "2"): {}}, 2, True)
     core.worker_connected(0.0, "w2", True)
-    assert core.resolve(catalog, "m", "").version == "2"
-    assert core.resolve(catalog, "m", "1").version == "1"
+    assert version_to_serve(catalog, "m", "", core.serves).version == "2"
+    assert version_to_serve(catalog, "m", "1", core.serves).version == "1"
 
 
 def test_the_deadline_is_the_earlier_budget_never_past_the_maximum() -> None:
-    core = make_core(settings=RouterSettings(default_timeout_s=30, max_timeout_s=60))
-    assert core.deadline(100.0, None, None) == 130.0
-    assert core.deadline(100.0, 5.0, 2.0) == 102.0
-    assert core.deadline(100.0, 5.0, None) == 105.0
-    assert core.deadline(100.0, 3600.0, None) == 160.0  # a longer gRPC deadline is cut to the maximum
+    settings = RouterSettings(default_timeout_s=30, max_timeout_s=60)
+    assert deadline_for(settings, 100.0, None, None) == 130.0
+    assert deadline_for(settings, 100.0, 5.0, 2.0) == 102.0
+    assert deadline_for(settings, 100.0, 5.0, None) == 105.0
+    assert deadline_for(settings, 100.0, 3600.0, None) == 160.0  # a longer deadline is cut to the maximum

@@ -28,8 +28,9 @@ from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
 from router.cache_gate import CacheGate
-from router.codec import DecodedRequest, decode_infer_request
+from router.codec import DecodedRequest, decode_call
 from router.driver import Driver
+from router.kserve_codec import call_from_request
 from router.live_stats import LiveStats
 from router.metrics import RouterMetrics
 from router.peers import PeerView
@@ -106,7 +107,7 @@ def decoded() -> DecodedRequest:
     request = kserve.ModelInferRequest(model_name="mlp")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(np.zeros((1, 4), "<f4").tobytes())
-    return decode_infer_request(request, RECORD)
+    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), RECORD)
 
 
 def make_driver(
@@ -231,6 +232,7 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
         inflight_bytes=ByteBudget(1024 * 1024),
         health=health,
         autoscale=AutoscaleSettings(),
+        etcd_connected=lambda: False,
         clock=clock,
     )
     driver.start()
