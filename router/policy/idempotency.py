@@ -142,7 +142,7 @@ class Conflict:
     """The key is held for a different request."""
 
 
-Decision = Proceed | Wait | Replay | Conflict
+ClaimDecision = Proceed | Wait | Replay | Conflict
 
 
 def validate_key(key: str) -> str:
@@ -182,7 +182,7 @@ def is_live(record: Record, now: float) -> bool:
     return now < record.until
 
 
-def decide(existing: Record | None, *, ticket: Ticket, now: float) -> Decision:
+def decide(existing: Record | None, *, ticket: Ticket, now: float) -> ClaimDecision:
     """The outcome of a claim by `ticket` (fingerprint + a fresh token) against the current record."""
     if existing is None or not is_live(existing, now):
         return Proceed(ticket)
@@ -395,7 +395,7 @@ class IdempotencyTable:
             return None
         return entry[0]
 
-    def claim(self, ticket: Ticket, now: float, lease_s: float) -> Decision:
+    def claim(self, ticket: Ticket, now: float, lease_s: float) -> ClaimDecision:
         """Decide, and on Proceed write the in-flight record."""
         decision = decide(self.lookup(ticket.scoped_key, now), ticket=ticket, now=now)
         if isinstance(decision, Proceed):
