@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 
 from opentelemetry.trace import (
@@ -156,10 +157,15 @@ class Driver:
     async def _run(self) -> None:
         while True:
             self._alarm.clear()
+            # While the loop itself ticks it reads the wake time from the decision; the alarm is only for
+            # events that arrive while it sleeps and need it sooner. (Comparing this tick's wake time with
+            # the previous sleep's end, which lies a hair later, once made the loop spin until that time.)
+            self._sleeping_until = -math.inf
             wake = self.tick()
-            seconds = TICK_S if wake is None else min(TICK_S, max(0.0, wake - self.clock.now()))
-            self._sleeping_until = self.clock.now() + seconds
-            await self._alarm.sleep(seconds)
+            now = self.clock.now()
+            until = now + TICK_S if wake is None else min(now + TICK_S, wake)
+            self._sleeping_until = until
+            await self._alarm.sleep(max(0.0, until - now))
 
     def tick(self) -> float | None:
         """One pass of the loop: tick the core now and carry the decision out; when to tick next."""

@@ -211,6 +211,35 @@ class _DeadlyBatcher(TimerBatcher):
         return WakeAt(self.at, lane.limits.max_batch_size)
 
 
+class _HoldingBatcher(TimerBatcher):
+    """Holds every batch until `at`, counting how often it is asked."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.asked = 0
+
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        self.asked += 1
+        return Cut("held") if ctx.now >= self.at else WakeAt(self.at, lane.limits.max_batch_size)
+
+
+async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLinks) -> None:
+    clock = MonotonicClock()
+    batcher = _HoldingBatcher(clock.now() + 0.3)
+    driver = make_driver(links, batcher=batcher)
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    driver.start()
+    try:
+        assert await infer(driver) == Code.OK
+        assert clock.now() >= batcher.at
+        # Asked on arrival, when woken, and at most a few heartbeats more; a loop that spun until the
+        # wake time asked thousands of times.
+        assert batcher.asked <= 5, batcher.asked
+    finally:
+        await driver.stop()
+
+
 async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
     links: WorkerLinks,
 ) -> None:
