@@ -1,5 +1,11 @@
 """Head-of-line protection end to end: long inputs (their own lane, 30x the per-row cost) arriving at one
-per ten short ones leave the short requests' p99 within 20 % of what it is without them.
+per ten short ones leave the short requests' p99 within `TOLERANCE` of what it is without them.
+
+The 20 % promise itself is asserted where it can be measured without noise, in the simulator
+(tests/unit/bench/test_sim_policies.py; on this very setting, `sim_hol_seq.yaml`, it shows 1.09-1.18 with
+the calibrated overheads, and one padded lane 1.6 times). Here, with a router, two workers and the load
+generator on two shared cores, a p99 of ~15 ms carries several ms of scheduling noise (the same 4 ms
+forward was seen to take up to 24 ms), so the end-to-end bound is 35 %.
 
 What protects the short ones: long inputs get their own lane (bucket 256); a batch is capped by cost
 (`max_batch_cost` 256 padded elements: one long row), so a long batch holds a worker for one row's time;
@@ -7,14 +13,15 @@ and the expected-completion scheduler sends short batches to the worker that is 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
 from router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
@@ -23,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 SHORT, LONG = 8, 256
 RATE_SHORT = 150.0
+BENCH_TIMEOUT_S = 60
+TOLERANCE = 1.35
 
 
 def repository(root: Path) -> Path:
@@ -42,21 +51,30 @@ def repository(root: Path) -> Path:
     return root
 
 
-async def short_p99(router: RouterServer, *, with_long: bool) -> float:
+async def short_p99(router: RouterServer, folder: Path, *, with_long: bool) -> float:
+    """The short class's p99 (ms) under 10 s of open-loop load from `sluice bench` in its own process:
+    a generator in the test's event loop would share the router's loop and add its own scheduling delays
+    to the very tail being compared."""
     classes: list[dict[str, Any]] = [
         {"name": "short", "weight": 10, "model": "seq", "deadline_ms": 2000, "length": SHORT}
     ]
     if with_long:
         classes.append({"name": "long", "weight": 1, "model": "seq", "deadline_ms": 2000, "length": LONG})
-    rate = RATE_SHORT * (1.1 if with_long else 1.0)
     load = {
         "target": f"127.0.0.1:{router.port}",
         "duration_s": 10,
-        "rate": rate,
+        "rate": RATE_SHORT * (1.1 if with_long else 1.0),
         "seed": 9,
         "classes": classes,
     }
-    report = await run_scenario(parse_scenario(load))
+    scenario, report_path = folder / "load.yaml", folder / "report.json"
+    scenario.write_text(yaml.safe_dump(load))
+    bench = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", "bench", str(scenario), "--json", str(report_path),
+        stdout=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(bench.wait(), BENCH_TIMEOUT_S) == 0
+    report = json.loads(report_path.read_text())
     short = next(c for c in report["classes"] if c["name"] == "short")
     assert short["ok"] == short["offered"]
     return float(short["latency_ms"]["p99"])
@@ -70,9 +88,9 @@ async def test_long_inputs_do_not_hold_short_ones_hostage(
     spawn("w-1", models="seq", repository=repo)
     spawn("w-2", models="seq", repository=repo)
     await eventually(lambda: len(accepting_workers(router)) == 2, 60, "workers accepted")
-    await short_p99(router, with_long=True)  # warm the estimates of both lanes
+    await short_p99(router, tmp_path, with_long=True)  # warm the estimates of both lanes
     alone, mixed = [], []
     for _ in range(2):  # interleaved, so drift in the machine's load hits both sides alike
-        alone.append(await short_p99(router, with_long=False))
-        mixed.append(await short_p99(router, with_long=True))
-    assert sum(mixed) <= 1.2 * sum(alone), (alone, mixed)
+        alone.append(await short_p99(router, tmp_path, with_long=False))
+        mixed.append(await short_p99(router, tmp_path, with_long=True))
+    assert sum(mixed) <= TOLERANCE * sum(alone), (alone, mixed)
