@@ -2,14 +2,17 @@
 how often the device side wakes the event loop per batch.
 
 S simulated router streams each keep K batches of B one-row items in flight (closed loop: a new batch as
-soon as one is answered) against a `BatchRunner` on the CPU, for D seconds. Loop wake-ups are counted as
-`call_soon_threadsafe` calls (each one writes the loop's self-pipe: how a thread hands work back to
-asyncio, e.g. a `run_in_executor` future completing), with an event loop subclass that only counts them.
+soon as one is answered) against a `BatchRunner` on the CPU with the given capacity (batches held at once
+across all streams; a batch beyond it is refused "worker_busy" and its stream sends the next one), for D
+seconds. It reports rows per forward (merging shows as more rows than B) and the queue wait per batch.
+Loop wake-ups are counted as `call_soon_threadsafe` calls (each one writes the loop's self-pipe: how a
+thread hands work back to asyncio, e.g. a `run_in_executor` future completing), with an event loop
+subclass that only counts them.
 
 Models: `synthetic` (SIMULATED latency t(b) = a + c·b, `--profile a,c` in ms; `--profile 0,0` leaves only
 the runner's own overhead) or the demo `mlp` (a real 256-1024-1024-10 forward, one torch thread).
 
-    python -m bench.worker_runner --model synthetic --streams 3 --in-flight 2 --rows 8 --duration 5
+    python -m bench.worker_runner --model synthetic --streams 3 --in-flight 2 --rows 8 --capacity 4
     python -m bench.worker_runner --model mlp --streams 1 --in-flight 2 --rows 8 --duration 5
 """
 
@@ -90,11 +93,11 @@ def make_batch(model: LoadedModel, batch_id: int, rows: int, rng: np.random.Gene
 
 async def stream_loop(
     runner: BatchRunner, model: LoadedModel, args: argparse.Namespace, until: float, seed: int
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """One simulated router: keep `in_flight` batches outstanding until `until`; count what came back."""
     rng = np.random.default_rng(seed)
     stream = StreamState()
-    counts = {"batches": 0, "rows": 0, "refused": 0}
+    counts: dict[str, Any] = {"batches": 0, "rows": 0, "refused": 0, "queue_us": []}
     next_id = 1
     outstanding = 0
     while True:
@@ -109,11 +112,13 @@ async def stream_loop(
             continue
         outstanding -= 1
         result = message.result
-        if any(item.error.code == 14 for item in result.items):  # UNAVAILABLE: refused, not run
+        if any(item.error.reason == "worker_busy" for item in result.items):  # refused, not run
             counts["refused"] += 1
+            await asyncio.sleep(0.001)  # back off (a load-aware router would have sent it elsewhere)
         else:
             counts["batches"] += 1
             counts["rows"] += len(result.items)
+            counts["queue_us"].append(result.queue_us)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +127,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     profile = tuple(float(v) for v in args.profile.split(","))
     model = load_model(args.model, (profile[0], profile[1]), executor)
     metrics = WorkerMetrics()
-    runner = BatchRunner(executor, {(model.spec.name, model.spec.version): model}, metrics)
+    models = {(model.spec.name, model.spec.version): model}
+    runner = BatchRunner(executor, models, metrics, capacity=args.capacity)
     loop = asyncio.get_running_loop()
     assert isinstance(loop, CountingLoop)
     runner.start()
@@ -140,16 +146,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     batches = sum(s["batches"] for s in per_stream)
     rows = sum(s["rows"] for s in per_stream)
     forwards = _sample(metrics, "sluice_worker_batch_size_count")
+    waits = np.array([w for s in per_stream for w in s["queue_us"]] or [0]) / 1000
     return {
         "model": args.model,
         "profile_ms": args.profile if args.model == "synthetic" else None,
         "streams": args.streams,
         "in_flight": args.in_flight,
         "rows_per_batch": args.rows,
+        "capacity": args.capacity,
         "batches_per_s": round(batches / wall, 1),
         "rows_per_s": round(rows / wall, 1),
         "refused_batches": sum(s["refused"] for s in per_stream),
         "rows_per_forward": round(_sample(metrics, "sluice_worker_batch_size_sum") / max(forwards, 1), 2),
+        "queue_ms_p50": round(float(np.percentile(waits, 50)), 2),
+        "queue_ms_p99": round(float(np.percentile(waits, 99)), 2),
         "loop_wakeups_per_batch": round(calls / max(batches, 1), 3),
         "cpu_ms_per_batch": round(cpu * 1000 / max(batches, 1), 3),
     }
@@ -178,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=1, help="simulated routers")
     parser.add_argument("--in-flight", type=int, default=2, help="batches each keeps outstanding")
     parser.add_argument("--rows", type=int, default=8, help="one-row items per batch")
+    parser.add_argument("--capacity", type=int, default=4, help="batches the worker holds at once")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
