@@ -10,7 +10,9 @@ Rules, applied when the device is free to everything accepted and not yet run, o
   arrives later runs before it;
 - it is joined by every later waiting batch with the same merge key — model, version, requested outputs
   and the one padded input shape all its valid items stack under (worker/padding.py `group_key`) — that
-  still fits, in arrival order (first fit): the forward's rows stay within the model's max_batch_size;
+  still fits, in arrival order (first fit): the forward stays within the model's max_batch_size rows and
+  its `max_batch_cost` (rows x padded length, as routers cut batches: a merge must not build a forward
+  the model's limits forbid, e.g. several long sequences that the cost cap keeps apart);
 - a batch without a key (its items need several padded shapes, none of them is valid, or its model is not
   served here) runs alone, as every batch did before merging.
 A batch that joins overtakes the unrelated batches between it and the oldest; they wait only the extra
@@ -22,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.buckets import row_cost
+from worker.model_config import ModelConfig
 from worker.padding import ShapeKey
 
 
@@ -43,6 +47,16 @@ class Candidate:
     key: MergeKey | None
     rows: int
     max_rows: int
+
+
+def max_rows(config: ModelConfig, shape: ShapeKey) -> int:
+    """The most rows of padded `shape` one forward of this model may take: max_batch_size, and fewer when
+    max_batch_cost caps rows x padded length (0 when even one row is over the cap: it then runs alone)."""
+    cap = config.max_batch_size
+    if config.batching.max_batch_cost is not None:
+        per_row = row_cost((spec.dims, dims) for spec, dims in zip(config.inputs, shape, strict=True))
+        cap = min(cap, config.batching.max_batch_cost // per_row)
+    return cap
 
 
 RUNS_ALONE = Candidate(None, 0, 0)

@@ -54,7 +54,7 @@ from common.telemetry import extract_mapping
 from common.tensors import from_wire, to_wire
 from worker.busy import BusyWindow
 from worker.executor import CheckedItem, ExecItem, Executor, ItemOutcome, LoadedModel, check_item
-from worker.merging import RUNS_ALONE, Candidate, MergeKey, next_forward
+from worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -343,8 +343,9 @@ class BatchRunner:
             shapes = {checked.shape for checked, _ in work.items if checked.shape is not None}
             rows = sum(checked.rows for checked, _ in work.items if checked.shape is not None)
             if len(shapes) == 1:
-                key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shapes.pop())
-                work.candidate = Candidate(key, rows, config.max_batch_size)
+                shape = shapes.pop()
+                key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shape)
+                work.candidate = Candidate(key, rows, max_rows(config, shape))
         except Exception as exc:  # a bug must fail this batch's items, not stop the device thread
             log.exception("decoding batch %d failed", batch.batch_id)
             work.items, work.failed = [], _fail_all_outcomes(batch, exc)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from worker.merging import RUNS_ALONE, Candidate, MergeKey, next_forward
+from worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
+from worker.model_config import ModelConfig
 
 KEY = MergeKey("m", "1", (), ((4,),))
 
@@ -37,3 +38,22 @@ def test_model_version_outputs_and_shape_must_all_agree() -> None:
 def test_first_fit_within_max_batch_size() -> None:
     # 5 + 4 would exceed 8; the later batch of 3 still fits.
     assert next_forward([waiting(KEY, 5), waiting(KEY, 4), waiting(KEY, 3)]) == [0, 2]
+
+
+def test_the_cost_cap_limits_rows_as_routers_cut_batches() -> None:
+    config = ModelConfig.model_validate(
+        {
+            "name": "seq",
+            "backend": "synthetic",
+            "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": 16,
+            "batching": {"buckets": {"x": [16, 256]}, "max_batch_cost": 256},
+            "synthetic": {"base_ms": 0, "per_item_ms": 0},
+        }
+    )
+    assert max_rows(config, ((16,),)) == 16  # 16 rows x 16 = 256
+    assert max_rows(config, ((256,),)) == 1  # one long row is the whole budget: long batches never merge
+    no_cap = config.batching.model_copy(update={"max_batch_cost": None})
+    uncapped = config.model_copy(update={"batching": no_cap})
+    assert max_rows(uncapped, ((256,),)) == 16
