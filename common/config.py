@@ -236,7 +236,7 @@ class WorkerSettings(_Section):
     for the same model and shape run as one forward, so what a full queue costs a new batch is about one
     merged forward plus the running one. 4: one running plus one waiting for each of up to 3 routers
     sending at once, so the device never idles between forwards while every router has its next batch
-    there (docs/operations.md, "Worker capacity", has the measurements)."""
+    there (docs/operations.md, "Worker capacity"; figures in docs/benchmarks.md)."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """Longest a drain waits for in-flight batches before exiting anyway."""
     synthetic_slowdown: float = Field(default=1.0, gt=0)
