@@ -1,17 +1,18 @@
 """The batch runner: the device's queue across every router's stream, merged forwards, one answer per batch.
 
-Ownership and threads: the event loop accepts batches and sends answers; one device thread does all the
-rest, so the device never waits for the loop and the loop is woken once per forward.
-- `submit` (loop) accepts a batch, or refuses it at once when the worker already holds `capacity` batches
-  (all routers' streams together): every item UNAVAILABLE with reason "worker_busy", never executed, not
-  the worker's fault, so the router places it elsewhere.
-- The device thread, whenever the device is free, takes every batch accepted since, decodes and validates
-  its items (once), picks the next forward with worker/merging.py (the oldest waiting batch plus the
-  waiting batches of the same model, version, outputs and padded shape that fit in max_batch_size rows,
-  from any stream; nothing waits for a merge partner), stages and runs it (worker/executor.py), and hands
-  the answers of every batch in it back with one `call_soon_threadsafe`.
-- The loop encodes each batch's outcomes and sends its BatchResult on the stream it came from, with the
-  queue left behind it (`queued_batches`, `queued_rows`) and the forward's rows (`forward_rows`).
+Ownership and threads: this class lives on the event loop: it accepts batches, keeps the queue's counts
+and sends answers. One device thread (worker/device_thread.py) does all the rest, so the device never
+waits for the loop and the loop is woken once per forward.
+- `submit` accepts a batch, or refuses it at once when the worker already holds `capacity` batches (all
+  routers' streams together): every item UNAVAILABLE with reason "worker_busy", never executed, not the
+  worker's fault, so the router places it elsewhere.
+- The device thread, whenever the device is free, runs the oldest waiting batch merged with the waiting
+  batches of the same model, version, outputs and padded shape that fit (worker/merging.py; from any
+  stream; nothing waits for a merge partner), and hands the answers of every batch in that forward back
+  with one `call_soon_threadsafe`.
+- `_finish` (on the loop) encodes each batch's outcomes and sends its BatchResult on the stream it came
+  from, with the queue left behind it (`queued_batches`, `queued_rows`) and the forward's rows
+  (`forward_rows`).
 
 Why staging no longer runs ahead on a second thread: the next forward can only be formed when the device
 is free (that is when the batches waiting for it are known), and staging ahead would fix its members one
@@ -31,30 +32,26 @@ One exception: a device fault (worker/faults.py). The batches of the forward tha
 dropped unanswered, never touching the device again: the worker is leaving, its streams close, and
 routers treat those items as lost with the worker (re-dispatched elsewhere).
 
-Shared state: the device thread only reads a stream's `cancelled` set and `open` flag (a membership test
-and a bool read are atomic under the GIL); only the loop writes them. A `_Work` passes from the loop to
-the thread through the inbox queue and back through the posted callback, which order every access.
+Shared state: the device thread only reads a stream's `cancelled` set and `open` flag; only the loop
+writes them (worker/device_thread.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from opentelemetry.trace import NoOpTracer, Span, Tracer
+from opentelemetry.trace import NoOpTracer, Tracer
 
-from common.errors import Cancelled, Code, DeadlineExceeded, Internal, NotFound, SluiceError, Unavailable
+from common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
 from common.pb.sluice.v1 import worker_pb2
-from common.telemetry import extract_mapping
-from common.tensors import from_wire, to_wire
+from common.tensors import to_wire
 from worker.busy import BusyWindow
-from worker.executor import CheckedItem, ExecItem, Executor, ItemOutcome, LoadedModel, check_item
-from worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
+from worker.device_thread import Answer, DeviceThread, Forward, Work, fail_all
+from worker.executor import Executor, ItemOutcome, LoadedModel
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -80,44 +77,6 @@ class StreamState:
         """Queue a message for the router (dropped if the stream is gone: nobody is listening)."""
         if self.open:
             self.outbox.put_nowait(message)
-
-
-@dataclass(eq=False)
-class _Work:
-    """An accepted batch: the loop fills the first four fields at `submit`, the device thread the rest at
-    intake (its decoded, validated items and what the merge needs to know)."""
-
-    batch: worker_pb2.Batch
-    stream: StreamState
-    received_at: float
-    rows: int
-    model: LoadedModel | None = None
-    items: list[tuple[CheckedItem, int]] = field(default_factory=list)  # (item, budget_us)
-    failed: list[ItemOutcome] = field(default_factory=list)  # outcomes known before any forward
-    candidate: Candidate = field(default_factory=lambda: RUNS_ALONE)
-
-
-@dataclass
-class _Answer:
-    """One batch's part of a forward: the items it runs, then the outcomes of items never run and of
-    items run, and the rows of its own that went into the forward."""
-
-    work: _Work
-    runnable: list[CheckedItem] = field(default_factory=list)
-    skipped: list[ItemOutcome] = field(default_factory=list)
-    executed: list[ItemOutcome] = field(default_factory=list)
-    executed_rows: int = 0
-
-
-@dataclass
-class _Forward:
-    """What the device thread hands back: every batch of one forward (or batches dropped after a fault)."""
-
-    answers: list[_Answer]
-    start: float
-    end: float
-    rows: int = 0
-    dropped: bool = False
 
 
 def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemResult:
@@ -148,11 +107,11 @@ class BatchRunner:
         self._metrics = metrics
         self._capacity = capacity
         self._now = now
-        self._tracer = tracer or NoOpTracer()
         self._on_device_fault = on_device_fault
         self._fault_reported = False
-        self._inbox: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._device = DeviceThread(
+            executor, models, now=now, tracer=tracer or NoOpTracer(), deliver=self._post
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
         self._queued_items = 0
@@ -181,16 +140,11 @@ class BatchRunner:
     def start(self) -> None:
         """Start the device thread; answers are delivered on the running event loop."""
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._device_loop, name="device", daemon=True)
-        self._thread.start()
+        self._device.start()
 
     async def stop(self) -> None:
         """Stop the device thread after the forward it is running, if any; batches not run stay unanswered."""
-        if self._thread is None:
-            return
-        self._inbox.put(None)
-        await asyncio.to_thread(self._thread.join)
-        self._thread = None
+        await self._device.stop()
 
     def submit(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
         """Accept a batch for execution, or refuse it at once if the worker already holds `capacity`."""
@@ -203,7 +157,7 @@ class BatchRunner:
         self._queued_rows += rows
         self._idle.clear()
         self._metrics.queued_batches.set(self._pending)
-        self._inbox.put(_Work(batch, stream, self._now(), rows))
+        self._device.put(Work(batch, stream, self._now(), rows))
 
     async def wait_idle(self, within_s: float) -> bool:
         """Wait until no batch is queued or executing (False on timeout)."""
@@ -232,7 +186,7 @@ class BatchRunner:
         self._metrics.refused.labels(WORKER_BUSY).inc()
         self._metrics.items.labels(label, Code.UNAVAILABLE.name).inc(len(batch.items))
 
-    def _finish(self, forward: _Forward) -> None:
+    def _finish(self, forward: Forward) -> None:
         """On the loop: answer every batch of a finished forward (or forget dropped ones)."""
         for answer in forward.answers:
             work = answer.work
@@ -256,7 +210,7 @@ class BatchRunner:
             self._fault_reported = True
             self._on_device_fault(fault)
 
-    def _answer(self, answer: _Answer, forward: _Forward) -> None:
+    def _answer(self, answer: Answer, forward: Forward) -> None:
         work = answer.work
         result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
         try:
@@ -267,7 +221,7 @@ class BatchRunner:
         except Exception as exc:  # a bug must fail this batch's items, not stop the worker
             log.exception("answering batch %d failed", work.batch.batch_id)
             del result.items[:]
-            result.items.extend(_fail_all(work.batch, exc))
+            result.items.extend(_encode(outcome) for outcome in fail_all(work.batch, exc))
         result.executed_size = answer.executed_rows
         result.forward_rows = forward.rows if answer.executed_rows else 0
         result.queue_us = round((forward.start - work.received_at) * 1e6)
@@ -280,7 +234,7 @@ class BatchRunner:
         result.queued_batches = min(self._pending, _UINT32_MAX)
         result.queued_rows = min(max(self._queued_rows, 0), _UINT32_MAX)
 
-    def _account(self, work: _Work, result: worker_pb2.BatchResult, start: float) -> None:
+    def _account(self, work: Work, result: worker_pb2.BatchResult, start: float) -> None:
         self.batches_executed += 1
         self.items_executed += result.executed_size
         label = self._label(work.batch)
@@ -295,134 +249,9 @@ class BatchRunner:
         """The model as a metric label: only models served here, so a router cannot grow the label set."""
         return batch.model if (batch.model, batch.version) in self._models else _UNKNOWN_MODEL
 
-    # -- the device thread's side -------------------------------------------------------------------------
-    def _device_loop(self) -> None:
-        """Take what arrived, run the next forward, hand its answers to the loop; block only when idle."""
-        waiting: list[_Work] = []
-        while True:
-            arrived = self._take(block=not waiting)
-            if arrived is None:
-                return
-            waiting.extend(self._intake(work) for work in arrived)
-            chosen_at = set(next_forward([work.candidate for work in waiting]))
-            chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
-            waiting = [work for i, work in enumerate(waiting) if i not in chosen_at]
-            self._post(self._run(chosen))
-
-    def _take(self, *, block: bool) -> list[_Work] | None:
-        """Everything in the inbox (waiting for the first one if `block`); None once told to stop."""
-        arrived: list[_Work] = []
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return None
-                arrived.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return arrived
-
-    def _intake(self, work: _Work) -> _Work:
-        """Decode and validate a newly accepted batch's items once, and key it for the merge."""
-        batch = work.batch
-        try:
-            work.model = self._models.get((batch.model, batch.version))
-            if work.model is None:
-                # The router believed this worker serves it: the item is not to blame.
-                missing = NotFound(f"worker does not serve {batch.model} version {batch.version}")
-                work.failed = [ItemOutcome(i.item_id, None, missing, worker_fault=True) for i in batch.items]
-                return work
-            config = work.model.spec.config
-            for item in batch.items:
-                try:
-                    inputs = {t.name: from_wire(t) for t in item.inputs}
-                except SluiceError as err:
-                    work.failed.append(ItemOutcome(item.item_id, None, err))
-                    continue
-                work.items.append((check_item(config, ExecItem(item.item_id, inputs)), item.budget_us))
-            shapes = {checked.shape for checked, _ in work.items if checked.shape is not None}
-            rows = sum(checked.rows for checked, _ in work.items if checked.shape is not None)
-            if len(shapes) == 1:
-                shape = shapes.pop()
-                key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shape)
-                work.candidate = Candidate(key, rows, max_rows(config, shape))
-        except Exception as exc:  # a bug must fail this batch's items, not stop the device thread
-            log.exception("decoding batch %d failed", batch.batch_id)
-            work.items, work.failed = [], _fail_all_outcomes(batch, exc)
-            work.candidate = RUNS_ALONE
-        return work
-
-    def _run(self, chosen: list[_Work]) -> _Forward:
-        """Run one forward for `chosen` (batches of one merge key, or one batch alone)."""
-        start = self._now()
-        if self._executor.fault is not None:  # dropped unanswered (module docstring)
-            return _Forward([_Answer(work) for work in chosen], start, start, dropped=True)
-        answers = [self._select(work, start) for work in chosen]
-        spans = [self._span(work) for work in chosen]
-        forward = _Forward(answers, start, start)
-        try:
-            forward.rows = self._execute(chosen[0], answers)
-        except Exception as exc:  # a bug must fail these batches' items, not stop the device thread
-            log.exception("executing batches %s failed", [work.batch.batch_id for work in chosen])
-            for answer in answers:
-                answer.skipped, answer.executed = _fail_all_outcomes(answer.work.batch, exc), []
-                answer.executed_rows = 0
-        finally:
-            for span, answer in zip(spans, answers, strict=True):
-                span.set_attribute("sluice.rows", answer.executed_rows)
-                span.set_attribute("sluice.forward_rows", forward.rows)
-                span.end()
-        forward.end = self._now()
-        return forward
-
-    def _select(self, work: _Work, now: float) -> _Answer:
-        """Split a batch into items to skip (cancelled, or their deadline passed) and items to run."""
-        answer = _Answer(work, skipped=list(work.failed))
-        stream = work.stream
-        for checked, budget_us in work.items:
-            item_id = checked.item.item_id
-            if item_id in stream.cancelled or not stream.open:
-                answer.skipped.append(ItemOutcome(item_id, None, Cancelled("cancelled by the router")))
-            elif budget_us and work.received_at + budget_us / 1e6 <= now:
-                expired = DeadlineExceeded("deadline passed before execution")
-                answer.skipped.append(ItemOutcome(item_id, None, expired))
-            else:
-                answer.runnable.append(checked)
-        return answer
-
-    def _execute(self, head: _Work, answers: list[_Answer]) -> int:
-        """Stage and run the runnable items of every answer's batch (all of `head`'s model and outputs) as
-        one prepared batch; fill each answer's outcomes and rows; the rows that went into forwards."""
-        flat = [checked for answer in answers for checked in answer.runnable]
-        if not flat or head.model is None:
-            return 0
-        prepared = self._executor.prepare_checked(head.model, flat, list(head.batch.outputs))
-        outcomes = self._executor.execute(prepared)
-        position = 0
-        for answer in answers:
-            count = len(answer.runnable)
-            answer.executed = outcomes[position : position + count]
-            answer.executed_rows = sum(
-                checked.rows
-                for index, checked in enumerate(answer.runnable, start=position)
-                if index not in prepared.outcomes
-            )
-            position += count
-        return prepared.forward_rows
-
-    def _span(self, work: _Work) -> Span:
-        return self._tracer.start_span(
-            "sluice.execute",
-            context=extract_mapping(work.batch.trace_context),
-            attributes={
-                "sluice.model": work.batch.model,
-                "sluice.version": work.batch.version,
-                "sluice.items": len(work.batch.items),
-            },
-        )
-
-    def _post(self, forward: _Forward) -> None:
-        """Hand a finished forward to the loop: its one wake-up for all the forward's batches."""
+    def _post(self, forward: Forward) -> None:
+        """On the device thread: hand a finished forward to the loop, its one wake-up for all the forward's
+        batches."""
         assert self._loop is not None
         try:
             self._loop.call_soon_threadsafe(self._finish, forward)
@@ -441,20 +270,6 @@ def _encode(outcome: ItemOutcome, stream: StreamState | None = None) -> worker_p
         return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
     tensors = [to_wire(name, array) for name, array in outcome.outputs.items()]
     return worker_pb2.ItemResult(item_id=outcome.item_id, outputs=tensors)
-
-
-def _worker_bug(exc: Exception) -> Internal:
-    return Internal(f"worker failed on this batch: {type(exc).__name__}: {exc}", reason="worker_bug")
-
-
-def _fail_all(batch: worker_pb2.Batch, exc: Exception) -> list[worker_pb2.ItemResult]:
-    error = _worker_bug(exc)
-    return [_error(item.item_id, error, worker_fault=True) for item in batch.items]
-
-
-def _fail_all_outcomes(batch: worker_pb2.Batch, exc: Exception) -> list[ItemOutcome]:
-    error = _worker_bug(exc)
-    return [ItemOutcome(item.item_id, None, error, worker_fault=True) for item in batch.items]
 
 
 def _claimed_rows(batch: worker_pb2.Batch) -> int:
