@@ -23,7 +23,7 @@ import numpy as np
 
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
-from cli.cluster import Child, free_port, start_cluster, stop_cluster
+from common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from router.stores.cache_store import ResultCacheStore
 from router.stores.redis_conn import RedisOptions, open_redis
 from worker.demo_models import init_demo_repository

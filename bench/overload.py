@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
-from cli.cluster import Child, free_port, start_cluster, stop_cluster
+from common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from router.policy.tenants import hash_api_key
 
 BASE_MS, PER_ITEM_MS, MAX_BATCH = 20.0, 2.0, 8

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.cluster import free_port
+from common.local_cluster import free_port
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 

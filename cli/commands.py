@@ -218,8 +218,8 @@ def hash_key(key: str) -> int:
 
 
 def certs_dev(directory: Path) -> int:
-    """Write the development CA and certificates (cli/certs.py)."""
-    from cli.certs import write_dev_certs
+    """Write the development CA and certificates (common/dev_certs.py)."""
+    from common.dev_certs import write_dev_certs
 
     for path in write_dev_certs(directory):
         print(f"wrote {path}")

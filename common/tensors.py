@@ -1,4 +1,5 @@
-"""Tensor codec between the wire (KServe v2 raw or typed contents, worker-stream tensors) and numpy.
+"""Tensor codec between numpy and the forms tensors travel in: raw little-endian buffers, typed values,
+worker-stream tensors.
 
 Invariant: every decoded array is C-contiguous with the exact dtype its datatype names and the exact shape
 the request declared; every malformed input raises `InvalidArgument` naming the tensor and what is wrong.
@@ -92,26 +93,34 @@ def from_raw(name: str, datatype: str, shape: Sequence[int], data: bytes) -> npt
     return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
 
 
-def from_contents(
-    name: str, datatype: str, shape: Sequence[int], contents: kserve.InferTensorContents
+def from_values(
+    name: str, datatype: str, shape: Sequence[int], values: Sequence[bool | int | float] | None
 ) -> npt.NDArray[Any]:
-    """Decode typed `contents`, checking the field matches the datatype and the count matches the shape."""
+    """Decode typed values (row-major), checking the datatype can be sent typed and the count matches the
+    shape; `values` None means the client sent none this datatype can carry."""
     dtype = dtype_of(datatype, tensor=name)
-    field = CONTENTS_FIELD.get(datatype)
-    if field is None:
+    if datatype not in CONTENTS_FIELD:
         raise InvalidArgument(f"tensor {name!r}: {datatype} cannot be sent as typed contents; use raw")
-    values = getattr(contents, field)
     count = element_count(shape, tensor=name)
-    if len(values) != count:
+    given = 0 if values is None else len(values)
+    if given != count:
         raise InvalidArgument(
-            f"tensor {name!r}: {datatype}{list(shape)} needs {count} values in {field}, got {len(values)}",
+            f"tensor {name!r}: {datatype}{list(shape)} needs {count} values, got {given}",
             reason="bad_size",
         )
     try:
-        array = np.asarray(values, dtype=dtype)
+        array = np.asarray(values if values is not None else (), dtype=dtype)
     except OverflowError:
         raise InvalidArgument(f"tensor {name!r}: a value does not fit {datatype}") from None
     return array.reshape(tuple(shape))
+
+
+def from_contents(
+    name: str, datatype: str, shape: Sequence[int], contents: kserve.InferTensorContents
+) -> npt.NDArray[Any]:
+    """Decode KServe typed `contents`: the field the datatype uses (`CONTENTS_FIELD`), as `from_values`."""
+    field = CONTENTS_FIELD.get(datatype)
+    return from_values(name, datatype, shape, None if field is None else getattr(contents, field))
 
 
 def to_wire(name: str, array: npt.NDArray[Any]) -> worker_pb2.Tensor:

@@ -6,6 +6,9 @@ request shed under pressure — it never displaces real work; a shed or expired 
 Outputs are compared byte for byte (or within `cache.audit_tolerance` for floating point). A mismatch is
 counted, logged at ERROR with the model digest, and disables caching for that digest on this router (and
 purges its entries), because a cache that returned one wrong answer cannot be trusted for the next.
+
+The data plane hands every hit to `on_hit` (router/dataplane.py); the auditor needs the gate only to
+disable a digest and purge its entries, so neither object patches the other.
 """
 
 from __future__ import annotations
@@ -13,18 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
 from common.clock import Clock
 from common.config import CacheSettings, TenantSettings
 from common.errors import SluiceError
-from common.pb.inference import grpc_service_pb2 as kserve
 from common.records import ModelRecord
 from common.tensors import dtype_of
 from router.cache_gate import CacheGate
-from router.codec import DecodedRequest, encode_infer_response
-from router.driver import Driver
+from router.calls import InferResult, Tensor
+from router.codec import DecodedRequest, Executor, requested_outputs
 from router.metrics import RouterMetrics
 from router.policy.admission import AUDIT_PRIORITY, AUDIT_TENANT
 from router.policy.tenants import Tenant
@@ -44,36 +47,34 @@ _AUDITOR = Tenant(
 )
 
 
-def same_outputs(
-    cached: kserve.ModelInferResponse, fresh: kserve.ModelInferResponse, tolerance: float
-) -> bool:
-    """Whether two responses carry the same outputs (bytes, or floats within `tolerance`)."""
-    mine = {o.name: (o, raw) for o, raw in zip(cached.outputs, cached.raw_output_contents, strict=True)}
-    theirs = {o.name: (o, raw) for o, raw in zip(fresh.outputs, fresh.raw_output_contents, strict=True)}
+def same_outputs(cached: Sequence[Tensor], fresh: Sequence[Tensor], tolerance: float) -> bool:
+    """Whether two results carry the same outputs (bytes, or floats within `tolerance`)."""
+    mine = {t.name: t for t in cached}
+    theirs = {t.name: t for t in fresh}
     if mine.keys() != theirs.keys():
         return False
-    for name, (spec, raw) in mine.items():
-        other_spec, other_raw = theirs[name]
-        if spec.datatype != other_spec.datatype or list(spec.shape) != list(other_spec.shape):
+    for name, tensor in mine.items():
+        other = theirs[name]
+        if tensor.datatype != other.datatype or tensor.shape != other.shape:
             return False
-        if raw == other_raw:
+        if tensor.data == other.data:
             continue
-        dtype = dtype_of(spec.datatype)
+        dtype = dtype_of(tensor.datatype)
         if tolerance <= 0 or dtype.kind != "f":
             return False
         if not np.allclose(
-            np.frombuffer(raw, dtype), np.frombuffer(other_raw, dtype), rtol=0, atol=tolerance
+            np.frombuffer(tensor.data, dtype), np.frombuffer(other.data, dtype), rtol=0, atol=tolerance
         ):
             return False
     return True
 
 
 class CacheAuditor:
-    """Samples hits from the gate and re-runs them in the background."""
+    """Samples the hits it is given and re-runs them in the background."""
 
     def __init__(
         self,
-        driver: Driver,
+        executor: Executor,
         gate: CacheGate,
         *,
         settings: CacheSettings,
@@ -81,16 +82,15 @@ class CacheAuditor:
         clock: Clock,
         rng: random.Random | None = None,
     ) -> None:
-        self._driver = driver
+        self._executor = executor
         self._gate = gate
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
-        gate.on_hit = self.on_hit
 
-    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: kserve.ModelInferResponse) -> None:
+    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
         """Maybe schedule an audit of this hit."""
         if self._rng.random() >= self._settings.audit_fraction:
             return
@@ -98,17 +98,15 @@ class CacheAuditor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _audit(
-        self, record: ModelRecord, decoded: DecodedRequest, cached: kserve.ModelInferResponse
-    ) -> None:
+    async def _audit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
         deadline = self._clock.now() + AUDIT_TIMEOUT_S
         try:
-            reply = await self._driver.infer(decoded, deadline, _AUDITOR, AUDIT_PRIORITY)
+            reply = await self._executor.infer(decoded, deadline, _AUDITOR, AUDIT_PRIORITY)
         except SluiceError as err:
             self._metrics.cache_audits.labels(record.name, f"skipped_{err.reason}").inc()
             return
-        fresh = encode_infer_response(decoded, reply.outputs, reply.served)
-        if same_outputs(cached, fresh, self._settings.audit_tolerance):
+        fresh = requested_outputs(decoded, reply.outputs)
+        if same_outputs(cached.outputs, fresh, self._settings.audit_tolerance):
             self._metrics.cache_audits.labels(record.name, "match").inc()
             return
         self._metrics.cache_audits.labels(record.name, "mismatch").inc()

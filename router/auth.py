@@ -23,8 +23,8 @@ from typing import Any
 
 from common.errors import PermissionDenied, Unauthenticated
 from common.grpc_gate import is_open
+from router.kserve_codec import api_key
 from router.policy.tenants import TenantDirectory, hash_api_key
-from router.servicer import api_key
 
 INFERENCE = "/inference.GRPCInferenceService/"
 OPEN_METHODS = frozenset(INFERENCE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))

@@ -1,37 +1,39 @@
-"""The result cache around one inference call: key, lookup, coalesce misses, store, audit.
+"""The result cache around one inference call: key, lookup, coalesce misses, store.
 
 Only models that declare `deterministic: true` and `cache: enabled` are cached; a request can bypass
 with `parameters["cache"]=false`. Keys are digests over the tenant scope (unless the model is shared),
 model, resolved version, model digest, canonical inputs, requested outputs and every parameter that can
-change the output (`router/policy/cache_keys.py`). Cached values are responses stripped of per-request
-fields (id, batch size, queue time, worker). Concurrent identical misses run once (`Coalescer`). A digest
-whose audit failed is never served from the cache again by this router.
+change the output (`router/policy/cache_keys.py`). Cached values are results without anything that belongs
+to one request (id, worker, batch size, queue time, cache outcome), in their stored form
+(`router/stored_results.py`), so a hit answers with exactly the bytes of the miss that stored it.
+Concurrent identical misses run once (`Coalescer`). A digest whose audit failed (`disable`) is never served
+from the cache again by this router; which hits get audited is the data plane's business
+(`router/auditor.py`), not this gate's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
 from common.config import CacheSettings
-from common.pb.inference import grpc_service_pb2 as kserve
 from common.records import ModelRecord
-from router.codec import DecodedRequest, ParamValue
+from router.calls import CacheOutcome, InferResult
+from router.codec import DecodedRequest
 from router.metrics import RouterMetrics
-from router.policy.cache_keys import cache_key, cache_scope, tensors_from
+from router.policy.cache_keys import ParamValue, cache_key, cache_scope, tensors_from
 from router.policy.result_cache import CacheUse, cache_use
+from router.stored_results import decode_result, encode_result
 from router.stores.cache_store import ResultCacheStore
 from router.stores.coalescer import Coalescer
 
 log = logging.getLogger(__name__)
 
-PER_REQUEST_PARAMETERS = ("sluice_batch_size", "sluice_queue_us", "sluice_worker", "sluice_cache")
-Execute = Callable[[], Awaitable[kserve.ModelInferResponse]]
-OnHit = Callable[[ModelRecord, DecodedRequest, kserve.ModelInferResponse], None]
+Execute = Callable[[], Awaitable[InferResult]]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Lookup:
     """How one request uses the cache, and under which key."""
 
@@ -40,15 +42,14 @@ class Lookup:
 
 
 class CacheGate:
-    """Decides, looks up, coalesces and stores; reports hits to the auditor."""
+    """Decides, looks up, coalesces and stores."""
 
     def __init__(self, store: ResultCacheStore, settings: CacheSettings, metrics: RouterMetrics) -> None:
         self.store = store
         self._settings = settings
         self._metrics = metrics
-        self._coalescer: Coalescer[kserve.ModelInferResponse] = Coalescer()
+        self._coalescer: Coalescer[InferResult] = Coalescer()
         self.disabled_digests: set[str] = set()
-        self.on_hit: OnHit | None = None
 
     def lookup(
         self, tenant: str, record: ModelRecord, decoded: DecodedRequest, parameters: Mapping[str, ParamValue]
@@ -73,56 +74,49 @@ class CacheGate:
 
     async def serve(
         self, lookup: Lookup, record: ModelRecord, decoded: DecodedRequest, execute: Execute
-    ) -> kserve.ModelInferResponse:
-        """The response, from the cache or from `execute`, with `sluice_cache` set."""
+    ) -> InferResult:
+        """The result, from the cache or from `execute`, with its cache outcome set (none when the model
+        is not cacheable) and this request's id."""
         model = record.name
         if lookup.use is CacheUse.OFF:
             return await execute()
         if lookup.use is CacheUse.BYPASS:
             self.store.record_bypass()
             self._metrics.cache.labels(model, "bypass").inc()
-            return _marked(await execute(), "bypass", decoded.client_id)
-        cached = await self.store.get(lookup.key)
-        if cached is not None and record.digest not in self.disabled_digests:
+            return _marked(await execute(), CacheOutcome.BYPASS, decoded.client_id)
+        hit = await self._hit(lookup.key, record, decoded.client_id)
+        if hit is not None:
             self._metrics.cache.labels(model, "hit").inc()
-            response = _marked(
-                kserve.ModelInferResponse.FromString(cached.response_bytes), "hit", decoded.client_id
-            )
-            if self.on_hit is not None:
-                self.on_hit(record, decoded, response)
-            return response
+            return hit
         self._metrics.cache.labels(model, "miss").inc()
 
-        async def execute_and_store() -> kserve.ModelInferResponse:
-            response = await execute()
-            stored = _stripped(response)
+        async def execute_and_store() -> InferResult:
+            result = await execute()
+            stored = dataclasses.replace(result, served=None, cache=None)
             await self.store.put(
-                lookup.key, stored.SerializeToString(), model=model, model_version=response.model_version
+                lookup.key, encode_result(stored), model=model, model_version=result.model_version
             )
-            return response
+            return result
 
         shared = await self._coalescer.run(lookup.key, execute_and_store)
-        return _marked(shared, "miss", decoded.client_id)
+        return _marked(shared, CacheOutcome.MISS, decoded.client_id)
+
+    async def _hit(self, key: str, record: ModelRecord, request_id: str) -> InferResult | None:
+        cached = await self.store.get(key)
+        if cached is None or record.digest in self.disabled_digests:
+            return None
+        try:
+            result = decode_result(cached.result_bytes, request_id=request_id)
+        except ValueError as exc:  # verified against its key, yet unreadable: a writer's bug; recompute
+            log.error("cache entry of %s version %s is unreadable: %s", record.name, record.version, exc)
+            return None
+        return dataclasses.replace(result, cache=CacheOutcome.HIT)
 
     def disable(self, digest: str) -> None:
         """Never serve this model digest from the cache again (an audit found a wrong entry)."""
         self.disabled_digests.add(digest)
 
 
-def _stripped(response: kserve.ModelInferResponse) -> kserve.ModelInferResponse:
-    stored = kserve.ModelInferResponse()
-    stored.CopyFrom(response)
-    stored.id = ""
-    for name in PER_REQUEST_PARAMETERS:
-        if name in stored.parameters:
-            del stored.parameters[name]
-    return stored
-
-
-def _marked(response: kserve.ModelInferResponse, how: str, request_id: str) -> kserve.ModelInferResponse:
-    """A copy for this caller: its own id and the cache outcome (coalesced callers share one object)."""
-    mine = kserve.ModelInferResponse()
-    mine.CopyFrom(response)
-    mine.id = request_id
-    mine.parameters["sluice_cache"].string_param = how
-    return mine
+def _marked(result: InferResult, how: CacheOutcome, request_id: str) -> InferResult:
+    """This caller's copy: its own id and the cache outcome (coalesced callers share one execution)."""
+    return dataclasses.replace(result, id=request_id, cache=how)

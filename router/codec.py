@@ -1,25 +1,47 @@
-"""KServe v2 messages ↔ the router's domain objects, validated against the registered model record.
+"""An `InferCall` → the `DecodedRequest` the driver queues, validated against the registered model record;
+and the driver's reply → the call's output tensors. Transport-free: the KServe protobuf half is
+`router/kserve_codec.py`.
 
 Decoding checks everything a worker would otherwise fail on — input names, datatypes, ranks, fixed dims,
 batch size, buffer lengths, requested output names — so a malformed request costs no queue slot and no
-device time, and gets INVALID_ARGUMENT naming the tensor. Typed `contents` are converted to raw
-little-endian bytes here, so everything downstream sees one canonical encoding.
+device time, and gets INVALID_ARGUMENT naming the tensor. Typed values are converted to raw little-endian
+bytes here, after those checks, so everything downstream sees one canonical encoding.
+
+The driver seam: the data plane calls `Executor.infer(decoded, deadline, tenant, priority)` and gets
+`outputs` (every output the model produced, worker-stream tensors) and `served` back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy.typing as npt
 
 from common.buckets import bucketed, padded_cost
 from common.errors import InvalidArgument
-from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
-from common.tensors import dtype_of, from_contents, from_raw
+from common.tensors import dtype_of, from_raw, from_values
+from router.calls import InferCall, InputTensor, ServedBy, Tensor
+from router.policy.cache_keys import ParamValue, TensorLike
 from router.policy.lanes import LaneKey
+from router.policy.tenants import Tenant
+
+__all__ = [
+    "DecodeLimits",
+    "DecodedRequest",
+    "Executor",
+    "ExecutorReply",
+    "ServedBy",  # defined in router/calls.py; the driver imports it from here
+    "decode_call",
+    "int_parameter",
+    "plain_parameters",
+    "requested_outputs",
+    "response_bytes",
+    "timeout_parameter",
+]
 
 MICROSECONDS = 1e-6
 TENSOR_OVERHEAD_BYTES = 64
@@ -38,11 +60,12 @@ class DecodeLimits:
 
 @dataclass(frozen=True)
 class DecodedRequest:
-    """A validated inference request, ready to queue."""
+    """A validated inference request, ready to queue: what the driver takes."""
 
     record: ModelRecord
     client_id: str
     inputs: tuple[worker_pb2.Tensor, ...]
+    """Canonical inputs sorted by name, as the worker stream carries them."""
     outputs: tuple[str, ...]
     rows: int
     lane: LaneKey
@@ -58,36 +81,51 @@ class DecodedRequest:
         return sum(len(t.data) for t in self.inputs)
 
 
-ParamValue = bool | int | float | str
+class ExecutorReply(Protocol):
+    """What the driver answers for one request: every output the model produced, and how it ran."""
+
+    @property
+    def outputs(self) -> Sequence[TensorLike]:
+        """Output tensors (canonical bytes), every output of the model."""
+        ...
+
+    @property
+    def served(self) -> ServedBy:
+        """Worker, batch rows and queue time."""
+        ...
 
 
-def _param_value(param: kserve.InferParameter) -> ParamValue | None:
-    kind = param.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(param, kind)
+class Executor(Protocol):
+    """The driver seam: queue a decoded request, batch it, run it on a worker (router/driver.py)."""
+
+    async def infer(
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+    ) -> ExecutorReply:
+        """The reply, or a SluiceError (shed, expired, worker lost, item failed, ...)."""
+        ...
 
 
-def plain_parameters(request: kserve.ModelInferRequest) -> dict[str, ParamValue]:
-    """Request parameters as plain typed values (unset oneofs dropped)."""
-    values = {name: _param_value(param) for name, param in request.parameters.items()}
-    return {name: value for name, value in values.items() if value is not None}
+def plain_parameters(parameters: Mapping[str, ParamValue | None]) -> dict[str, ParamValue]:
+    """The parameters that carry a value: what cache keys and fingerprints hash."""
+    return {name: value for name, value in parameters.items() if value is not None}
 
 
-def int_parameter(request: kserve.ModelInferRequest, name: str) -> int | None:
+def int_parameter(parameters: Mapping[str, ParamValue | None], name: str) -> int | None:
     """An integer request parameter (e.g. `priority`), None when absent; InvalidArgument if not an int."""
-    if name not in request.parameters:
+    if name not in parameters:
         return None
-    value = _param_value(request.parameters[name])
+    value = parameters[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f'parameters["{name}"] must be an integer', reason=f"bad_{name}")
     return value
 
 
-def timeout_parameter(request: kserve.ModelInferRequest, max_timeout_s: float) -> float | None:
+def timeout_parameter(parameters: Mapping[str, ParamValue | None], max_timeout_s: float) -> float | None:
     """`parameters["timeout"]` in microseconds (Triton's convention), as seconds; it must lie in
     (0, max_timeout_s] (a uint64 of 2^64-1 once overflowed the router's batch budget)."""
-    if "timeout" not in request.parameters:
+    if "timeout" not in parameters:
         return None
-    value = _param_value(request.parameters["timeout"])
+    value = parameters["timeout"]
     longest_us = round(max_timeout_s / MICROSECONDS)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= longest_us:
         raise InvalidArgument(
@@ -123,20 +161,18 @@ def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int
     return rows
 
 
-def _decode_input(
-    spec: TensorSpec, tensor: kserve.ModelInferRequest.InferInputTensor, raw: bytes | None
-) -> worker_pb2.Tensor:
+def _decode_input(spec: TensorSpec, tensor: InputTensor) -> worker_pb2.Tensor:
     if tensor.datatype != spec.datatype:
         raise InvalidArgument(
             f"input {spec.name!r}: datatype {tensor.datatype!r}, model expects {spec.datatype!r}",
             reason="bad_datatype",
         )
     shape = list(tensor.shape)
-    if raw is not None:
-        values = from_raw(spec.name, spec.datatype, shape, raw)  # validates the length
-        data = raw
+    if tensor.data is not None:
+        values = from_raw(spec.name, spec.datatype, shape, tensor.data)  # validates the length
+        data = tensor.data
     else:
-        values = from_contents(spec.name, spec.datatype, shape, tensor.contents)
+        values = from_values(spec.name, spec.datatype, shape, tensor.values)
         data = values.tobytes()
     if spec.range is not None:
         _check_range(spec, values)
@@ -169,11 +205,10 @@ def response_bytes(record: ModelRecord, rows: int, outputs: tuple[str, ...]) -> 
     return total
 
 
-def _requested_outputs(request: kserve.ModelInferRequest, record: ModelRecord) -> tuple[str, ...]:
+def _check_outputs(outputs: tuple[str, ...], record: ModelRecord) -> tuple[str, ...]:
     """Requested output names: known, and each named once (listing one 200,000 times once made the
     router copy it as often)."""
     output_names = {spec.name for spec in record.outputs}
-    outputs = tuple(o.name for o in request.outputs)
     unknown = [name for name in outputs if name not in output_names]
     if unknown:
         raise InvalidArgument(
@@ -185,32 +220,28 @@ def _requested_outputs(request: kserve.ModelInferRequest, record: ModelRecord) -
     return outputs
 
 
-def decode_infer_request(
-    request: kserve.ModelInferRequest, record: ModelRecord, limits: DecodeLimits = DecodeLimits()
+def decode_call(
+    call: InferCall, record: ModelRecord, limits: DecodeLimits = DecodeLimits()
 ) -> DecodedRequest:
-    """Validate a ModelInferRequest against the model and the edge limits, and convert it;
-    InvalidArgument on any mismatch, before the request costs a queue slot or device time."""
+    """Validate a call against the model and the edge limits, and convert it; InvalidArgument on any
+    mismatch, before the request costs a queue slot or device time."""
     specs = {spec.name: spec for spec in record.inputs}
-    given = [t.name for t in request.inputs]
+    given = [t.name for t in call.inputs]
     if sorted(given) != sorted(specs) or len(set(given)) != len(given):
         shown = [name[:64] for name in given[:8]] + (["..."] if len(given) > 8 else [])
         raise InvalidArgument(
             f"model {record.name!r} takes inputs {sorted(specs)}, request has {shown}", reason="bad_inputs"
         )
-    outputs = _requested_outputs(request, record)
-    timeout_s = timeout_parameter(request, limits.max_timeout_s)
-    raws = list(request.raw_input_contents)
-    if raws and len(raws) != len(request.inputs):
-        raise InvalidArgument(
-            f"raw_input_contents has {len(raws)} buffers for {len(request.inputs)} inputs",
-            reason="bad_inputs",
-        )
+    outputs = _check_outputs(call.outputs, record)
+    timeout_s = timeout_parameter(call.parameters, limits.max_timeout_s)
+    if call.defect is not None:
+        raise call.defect
     rows_seen: set[int] = set()
     decoded = []
-    for index, tensor in enumerate(request.inputs):
+    for tensor in call.inputs:
         spec = specs[tensor.name]
         rows_seen.add(_check_shape(spec, list(tensor.shape), record.max_batch_size))
-        decoded.append(_decode_input(spec, tensor, raws[index] if raws else None))
+        decoded.append(_decode_input(spec, tensor))
     if len(rows_seen) != 1:
         raise InvalidArgument(
             f"inputs disagree on the batch dimension: {sorted(rows_seen)}", reason="bad_shape"
@@ -231,7 +262,7 @@ def decode_infer_request(
     cost = sum(padded_cost(specs[name].dims, dims) for name, dims in padded.items())
     return DecodedRequest(
         record=record,
-        client_id=request.id,
+        client_id=call.id,
         inputs=tuple(decoded),
         outputs=outputs,
         rows=rows,
@@ -242,44 +273,10 @@ def decode_infer_request(
     )
 
 
-@dataclass(frozen=True)
-class ServedBy:
-    """How a request was served, reported in response parameters."""
-
-    worker_id: str
-    batch_rows: int
-    queue_s: float
-
-
-def encode_infer_response(
-    decoded: DecodedRequest, outputs: list[worker_pb2.Tensor], served: ServedBy
-) -> kserve.ModelInferResponse:
-    """A ModelInferResponse with raw output buffers and Sluice's response parameters.
-
-    Workers return every output (a batch mixes requests that asked for different ones); the outputs a
-    request named are picked here, in the order it named them.
-    """
-    response = kserve.ModelInferResponse(
-        model_name=decoded.record.name, model_version=decoded.record.version, id=decoded.client_id
-    )
+def requested_outputs(decoded: DecodedRequest, outputs: Sequence[TensorLike]) -> tuple[Tensor, ...]:
+    """The outputs a request named, in the order it named them (all of them when it named none), as
+    canonical tensors. Workers return every output: a batch mixes requests that asked for different ones."""
     if decoded.outputs:
         by_name = {t.name: t for t in outputs}
         outputs = [by_name[name] for name in decoded.outputs if name in by_name]
-    for tensor in outputs:
-        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        response.raw_output_contents.append(tensor.data)
-    params = response.parameters
-    params["sluice_batch_size"].int64_param = served.batch_rows
-    params["sluice_queue_us"].int64_param = round(served.queue_s * 1e6)
-    params["sluice_worker"].string_param = served.worker_id
-    return response
-
-
-def model_metadata(record: ModelRecord, versions: list[str]) -> kserve.ModelMetadataResponse:
-    """ModelMetadata from a registration: shapes include the batch dimension as -1."""
-    response = kserve.ModelMetadataResponse(name=record.name, versions=versions, platform=record.platform)
-    for spec in record.inputs:
-        response.inputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.dims])
-    for spec in record.outputs:
-        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.dims])
-    return response
+    return tuple(Tensor(t.name, t.datatype, tuple(t.shape), bytes(t.data)) for t in outputs)

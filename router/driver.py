@@ -1,16 +1,23 @@
-"""The asyncio driver of the policy core: feeds it events, carries out its decisions, sleeps until told.
+"""The asyncio driver of the router core: translates events into core calls, carries decisions out.
 
-Every request the driver accepts ends exactly once: its future gets a reply or a SluiceError, or the
-caller cancels it (then it leaves the queue, or the worker is told to skip it). The Dispatcher decides;
-this module only moves messages and resolves futures.
+It holds no policy and no copy of the core's state. What it owns is I/O and the shell's half of each
+request: the caller's future, its trace span, the batch spans it opened, metrics. Events arrive from the
+servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and load reports, and
+`worker_connected`), from membership (`worker_registered`, `worker_left`) and from the peers' view
+(tenants, router count); the loop only wakes the core at the times it asks for. Every decision is carried
+out the same way: send the dispatches, settle the requests (the future gets a reply or the typed error),
+tell workers what to drop, disconnect hung workers.
+
+The loop never dies of a bug: a failing tick ends what the core held (INTERNAL) and the loop goes on; a
+failing answer ends that batch's requests; the loop ticks at least every `TICK_S`, the watchdog's evidence
+that it is alive (router/status.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
+import math
 from dataclasses import dataclass
 
 from opentelemetry.trace import (
@@ -25,32 +32,25 @@ from opentelemetry.trace import (
 )
 
 from common.clock import Clock
-from common.config import AdmissionSettings, RouterSettings, TenantSettings
-from common.errors import Code, DeadlineExceeded, Internal, SluiceError, Unavailable, error_for_code
+from common.config import TenantSettings
+from common.errors import Code, Internal, SluiceError, Unavailable
 from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord
 from common.telemetry import inject
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
-from router.policy.admission import AdmissionController, queue_bounds
-from router.policy.batcher import AdaptiveBatcher, Batcher, TimerBatcher
-from router.policy.dispatcher import Decision, Dispatch, Dispatcher, Rejections
-from router.policy.estimators import ServiceEstimates
-from router.policy.lanes import LaneLimits, QueuedRequest
-from router.policy.scheduler import make_chooser
+from router.policy.core import RouterCore
+from router.policy.lanes import QueuedRequest
+from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
 from router.policy.tenants import Tenant
 from router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
 
-# A worker that vanished mid-batch: the request can be retried at once on another worker.
-WORKER_LOST_RETRY_S = 0.1
 TICK_S = 0.5
 """The decision loop runs at least this often, even with nothing to do: its heartbeat."""
 MAX_BUDGET_US = 2**63 - 1
 """An item's budget is an int64 on the wire."""
-ITEM_OVERHEAD_BYTES = 256
-"""Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
+SHUTDOWN_RETRY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class ItemReply:
 
 
 @dataclass(frozen=True)
-class Pending:
-    """The shell's part of a queued request (the core's `payload`)."""
+class Waiter:
+    """The shell's half of a queued request (the core's opaque `payload`)."""
 
     decoded: DecodedRequest
     future: asyncio.Future[ItemReply]
@@ -71,23 +71,13 @@ class Pending:
     """The request's trace span, which the batch span links to."""
 
 
-def _pending(request: QueuedRequest) -> Pending:
-    assert isinstance(request.payload, Pending)
+def _waiter(request: QueuedRequest) -> Waiter:
+    assert isinstance(request.payload, Waiter)
     return request.payload
 
 
-def _settle(request: QueuedRequest, outcome: ItemReply | SluiceError) -> None:
-    future = _pending(request).future
-    if future.done():
-        return
-    if isinstance(outcome, SluiceError):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
-
-
 class Alarm:
-    """What the decision loop sleeps on: `sleep(timeout)` returns when `set()` was called since the last
+    """What the decision loop sleeps on: `sleep(seconds)` returns when `set()` was called since the last
     `clear()`, or once `seconds` pass. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python 3.11 it
     never swallows a cancellation that arrives just as it is woken (which once left a router's stop
     waiting forever), and it costs one future per sleep instead of a task."""
@@ -126,50 +116,30 @@ def _ring(waiter: asyncio.Future[None]) -> None:
 
 
 class Driver:
-    """Owns the admission controller, the Dispatcher and the loop that runs them."""
+    """Runs one RouterCore under asyncio."""
 
     def __init__(
         self,
         clock: Clock,
+        core: RouterCore,
         links: WorkerLinks,
         metrics: RouterMetrics,
         *,
-        admission: AdmissionSettings | None = None,
-        tenants: dict[str, TenantSettings] | None = None,
-        settings: RouterSettings | None = None,
-        max_batch_bytes: int | None = None,
-        batcher: Batcher | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         self.clock = clock
-        self._tracer = tracer or NoOpTracer()
-        self._batch_spans: dict[int, Span] = {}
-        self._predicted: dict[int, float] = {}
-        self._answered = asyncio.Event()
-        self._last_answer: dict[str, float] = {}
-        admission = admission or AdmissionSettings()
-        settings = settings or RouterSettings()
-        self.estimates = ServiceEstimates()
-        self.dispatcher = Dispatcher(
-            batcher=batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher()),
-            chooser=make_chooser(settings.scheduler),
-            estimates=self.estimates,
-            bounds=queue_bounds(admission),
-            aging_s=admission.aging_s,
-            hang_after_s=settings.worker_hang_s,
-        )
-        self.admission = AdmissionController(admission, tenants or {}, self.dispatcher, clock.now())
-        self.watchdog_s = settings.watchdog_s
+        self.core = core
+        self.watchdog_s = core.settings.watchdog_s
         self.last_tick = clock.now()
         """When the decision loop last ran (the watchdog's evidence that it is alive)."""
-        self._max_batch_bytes = max_batch_bytes
         self._links = links
         self._metrics = metrics
-        self._ids = itertools.count(1)
-        self._wake = Alarm()
+        self._tracer = tracer or NoOpTracer()
+        self._batch_spans: dict[int, tuple[str, Span]] = {}
+        self._alarm = Alarm()
+        self._sleeping_until = float("inf")
+        self._answered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._dispatched_at: dict[int, float] = {}
-        self._item_worker: dict[int, str] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -182,28 +152,32 @@ class Driver:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self.abandon(
-            Unavailable("router shutting down", reason="shutdown", retry_after_s=WORKER_LOST_RETRY_S)
-        )
+        self.abandon(Unavailable("router shutting down", reason="shutdown", retry_after_s=SHUTDOWN_RETRY_S))
 
     async def _run(self) -> None:
-        """Poll, carry out, sleep until the wake-up time or the next event — and never die of a bug: a
-        failing decision fails the requests it concerns, and the loop ticks at least every `TICK_S` so the
-        watchdog can tell a live loop from a stuck one."""
         while True:
-            self._wake.clear()
-            now = self.last_tick = self.clock.now()
-            try:
-                decision = self.dispatcher.poll(now)
-            except Exception as exc:  # the core is in an unknown state: fail what it holds, go on
-                log.exception("the decision loop failed; failing every request it holds")
-                self.abandon(Internal(f"the router's scheduler failed ({type(exc).__name__})"))
-                decision = Decision()
-            self._carry_out(decision)
-            timeout = TICK_S
-            if decision.wake_at is not None:
-                timeout = min(TICK_S, max(0.0, decision.wake_at - self.clock.now()))
-            await self._wake.sleep(timeout)
+            self._alarm.clear()
+            # While the loop itself ticks it reads the wake time from the decision; the alarm is only for
+            # events that arrive while it sleeps and need it sooner. (Comparing this tick's wake time with
+            # the previous sleep's end, which lies a hair later, once made the loop spin until that time.)
+            self._sleeping_until = -math.inf
+            wake = self.tick()
+            now = self.clock.now()
+            until = now + TICK_S if wake is None else min(now + TICK_S, wake)
+            self._sleeping_until = until
+            await self._alarm.sleep(max(0.0, until - now))
+
+    def tick(self) -> float | None:
+        """One pass of the loop: tick the core now and carry the decision out; when to tick next."""
+        now = self.last_tick = self.clock.now()
+        try:
+            decision = self.core.tick(now)
+        except Exception as exc:  # the core is in an unknown state: end what it holds, go on
+            log.exception("the decision loop failed; failing every request it holds")
+            self.abandon(Internal(f"the router's scheduler failed ({type(exc).__name__})"))
+            decision = Decision()
+        self._carry_out(decision, now)
+        return decision.wake_at
 
     def healthy(self, now: float) -> bool:
         """Whether the decision loop is running and ticked within `watchdog_s`."""
@@ -211,149 +185,198 @@ class Driver:
         return running and now - self.last_tick < self.watchdog_s
 
     def abandon(self, error: SluiceError) -> None:
-        """End every queued and in-flight request with `error` (a stuck or failed core, or shutdown)."""
-        for lane in list(self.dispatcher.lanes.values()):
-            for request in list(lane):
-                self.dispatcher.cancel(request.request_id)
-                _settle(request, error)
-        for worker_id in {d.worker_id for d in self.dispatcher.in_flight.values()}:
-            self._fail_batches(self.dispatcher.worker_left(worker_id), error)
+        """End every queued and in-flight request with `error` (stuck or failed loop, shutdown)."""
+        now = self.clock.now()
+        self._carry_out(self.core.abandon(now, error), now)
+        for batch_id in list(self._batch_spans):
+            self._end_batch_span(batch_id, error.message)
 
     # -- requests -----------------------------------------------------------------------------------------
     async def infer(
         self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
     ) -> ItemReply:
-        """Admit a validated request, queue it and wait for its outcome."""
+        """Hand a validated request to the core and wait for its outcome."""
         now = self.clock.now()
-        record = decoded.record
-        if deadline <= now:
-            raise DeadlineExceeded("deadline already passed on arrival", reason="expired_on_arrival")
-        if not self.dispatcher.serves(record.name, record.version):
-            raise Unavailable(
-                f"no ready worker serves {record.name} version {record.version}",
-                reason="no_worker",
-                retry_after_s=1.0,
-            )
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
         span = get_current_span().get_span_context()
-        request = QueuedRequest(
-            next(self._ids),
-            decoded.lane,
-            decoded.rows,
+        request = self.core.new_request(
             now,
-            deadline,
-            Pending(decoded, future, span if span.is_valid else None),
+            lane=decoded.lane,
+            rows=decoded.rows,
+            deadline=deadline,
+            payload=Waiter(decoded, future, span if span.is_valid else None),
             tenant=tenant.name,
             priority=priority,
             weight=tenant.settings.weight,
-            size_bytes=decoded.input_bytes,
+            input_bytes=decoded.input_bytes,
+            response_bytes=decoded.response_bytes,
             cost=decoded.cost,
-            wire_bytes=decoded.input_bytes + decoded.response_bytes + ITEM_OVERHEAD_BYTES,
         )
-        limits = self._limits(record)
-        self._settle_all(self.admission.admit(request, limits, now))
-        self._metrics.admissions.labels(
-            self._metrics.tenant_label(tenant.name), self._metrics.priority_label(priority)
-        ).inc()
-        self._wake.set()
+        self._carry_out(self.core.arrive(now, request, self.core.limits(decoded.record)), now)
+        if not future.done():
+            self._metrics.admissions.labels(
+                self._metrics.tenant_label(tenant.name), self._metrics.priority_label(priority)
+            ).inc()
         try:
             return await future
         except asyncio.CancelledError:
-            self._cancel(request.request_id)
+            now = self.clock.now()
+            self._carry_out(self.core.cancel(now, request.request_id), now)
             raise
-        finally:
-            self.admission.release(request)
 
-    def _limits(self, record: ModelRecord) -> LaneLimits:
-        return LaneLimits(
-            record.max_batch_size, record.max_wait_s, record.max_batch_cost, self._max_batch_bytes
-        )
-
-    def _settle_all(self, rejected: Rejections) -> None:
-        for request, error in rejected:
-            if error.reason == "shed":
-                self._metrics.shed.labels(
-                    self._metrics.tenant_label(request.tenant), self._metrics.priority_label(request.priority)
-                ).inc()
-            elif error.code is Code.INTERNAL:
-                log.error("request %d failed in the router: %s", request.request_id, error.message,
-                          exc_info=error.__cause__)  # fmt: skip
-            _settle(request, error)
-
-    def _cancel(self, request_id: int) -> None:
-        if self.dispatcher.cancel(request_id) is not None:
-            return
-        worker_id = self._item_worker.pop(request_id, None)
-        if worker_id is not None:
-            cancel = worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=[request_id]))
-            self._links.send(worker_id, cancel)
-
-    # -- decisions ----------------------------------------------------------------------------------------
-    def _carry_out(self, decision: Decision) -> None:
-        self._settle_all(decision.rejected)
+    # -- worker events ------------------------------------------------------------------------------------
+    def on_message(self, worker_id: str, message: worker_pb2.WorkerMessage) -> None:
+        """A message on a worker's stream: an answer to a batch, or a load report."""
+        kind = message.WhichOneof("kind")
         now = self.clock.now()
-        self._end_overdue(decision.overdue)
-        for worker_id in decision.hung:
-            self._hung(worker_id)
+        if kind == "result":
+            self._on_result(worker_id, message.result, now)
+        elif kind == "load":
+            load = message.load
+            ready = load.state == worker_pb2.WORKER_STATE_READY
+            self._carry_out(self.core.worker_reported(now, worker_id, ready, load.queued_batches), now)
+
+    def _on_result(self, worker_id: str, result: worker_pb2.BatchResult, now: float) -> None:
+        self._end_batch_span(result.batch_id)
+        self._metrics.execute.labels(self._model_of(result.batch_id)).observe(result.execute_us / 1e6)
+        try:
+            decision = self.core.answered(now, worker_id, _answer(result))
+        except Exception as exc:
+            log.exception("handling the answer to batch %d failed", result.batch_id)
+            error = Internal(f"the router failed on this request's answer ({type(exc).__name__})")
+            decision = self.core.fail_batch(now, result.batch_id, error)
+        self._carry_out(decision, now)
+        self._answered.set()
+        self._answered = asyncio.Event()
+
+    def worker_registered(
+        self, worker_id: str, models: dict[tuple[str, str], dict[int, float]], capacity: int, ready: bool
+    ) -> None:
+        """A worker's etcd record appeared or changed (models with their warm-up timings)."""
+        now = self.clock.now()
+        self._carry_out(self.core.worker_registered(now, worker_id, models, capacity, ready), now)
+
+    def worker_connected(self, worker_id: str, connected: bool) -> None:
+        """A worker's stream came up or went down (its batches are then lost: `worker_left`)."""
+        now = self.clock.now()
+        self._carry_out(self.core.worker_connected(now, worker_id, connected), now)
+
+    def set_tenants(self, tenants: dict[str, TenantSettings]) -> None:
+        """Tenant quotas changed (config reload or etcd overrides)."""
+        self.core.set_tenants(self.clock.now(), tenants)
+
+    def set_routers(self, count: int) -> None:
+        """The number of live routers sharing the cluster-wide quotas changed."""
+        self.core.set_routers(self.clock.now(), count)
+
+    def worker_left(self, worker_id: str, reason: str) -> None:
+        """A worker is gone (deregistered or its stream broke)."""
+        now = self.clock.now()
+        self._end_worker_spans(worker_id, f"worker lost: {reason}")
+        self._carry_out(self.core.worker_left(now, worker_id, reason), now)
+        self._answered.set()
+        self._answered = asyncio.Event()
+
+    async def wait_answered(self, worker_id: str, within_s: float) -> bool:
+        """Wait until the worker holds no batch of ours (False if `within_s` passed first)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + within_s
+        while self.core.in_flight_on(worker_id):
+            remaining = give_up - loop.time()
+            if remaining <= 0:
+                return False
+            answered = asyncio.ensure_future(self._answered.wait())
+            done, _ = await asyncio.wait({answered}, timeout=remaining)
+            if not done:
+                answered.cancel()
+        return True
+
+    # -- carrying decisions out ----------------------------------------------------------------------------
+    def _carry_out(self, decision: Decision, now: float) -> None:
+        for settled in decision.settled:
+            self._settle(settled.request, settled.outcome)
+        for worker_id, item_ids in decision.drops.items():
+            self._links.send(worker_id, worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=item_ids)))
+        for worker_id in decision.lost:
+            self._disconnect(worker_id)
+        for learned in decision.learned:
+            if learned.dispatch.expected_s > 0:
+                model = learned.dispatch.lane.model
+                self._metrics.estimate_error.labels(model).observe(
+                    learned.seconds / learned.dispatch.expected_s - 1
+                )
         for dispatch in decision.dispatches:
-            try:
-                self._send(dispatch, now)
-            except Exception as exc:  # a batch that cannot be built or sent fails alone
-                ids = [r.request_id for r in dispatch.requests]
-                log.exception("sending batch %d (requests %s) failed", dispatch.batch_id, ids)
-                self.dispatcher.complete(dispatch.batch_id, now)
-                self._fail_batches([dispatch], Internal(f"the router failed to send this request's batch "
-                                                        f"({type(exc).__name__})"))  # fmt: skip
-        self._metrics.queue_depth.set(self.dispatcher.queued())
-        self._metrics.in_flight_batches.set(len(self.dispatcher.in_flight))
+            self._dispatch(dispatch, now)
+        if decision.wake_at is not None and decision.wake_at < self._sleeping_until:
+            self._alarm.set()
+        self._metrics.queue_depth.set(self.core.queues.queued())
+        self._metrics.in_flight_batches.set(len(self.core.in_flight))
 
-    def _end_overdue(self, overdue: list[tuple[QueuedRequest, str]]) -> None:
-        """Dispatched requests past their deadline end now; their workers are told to drop them."""
-        dropped: dict[str, list[int]] = {}
-        for request, worker_id in overdue:
-            _settle(request, DeadlineExceeded("deadline passed before the worker answered",
-                                              reason="expired_on_worker"))  # fmt: skip
-            dropped.setdefault(worker_id, []).append(request.request_id)
-        for worker_id, item_ids in dropped.items():
-            cancel = worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=item_ids))
-            self._links.send(worker_id, cancel)
+    def _settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
+        future = _waiter(request).future
+        if future.done():
+            return
+        if isinstance(outcome, SluiceError):
+            if outcome.reason == "shed":
+                tenant, priority = request.tenant, request.priority
+                self._metrics.shed.labels(
+                    self._metrics.tenant_label(tenant), self._metrics.priority_label(priority)
+                ).inc()
+            elif outcome.code is Code.INTERNAL and outcome.__cause__ is not None:
+                log.error("request %d failed in the router: %s", request.request_id, outcome.message,
+                          exc_info=outcome.__cause__)  # fmt: skip
+            future.set_exception(outcome)
+        else:
+            assert isinstance(outcome.outputs, list)
+            served = ServedBy(outcome.worker_id, outcome.batch_rows, outcome.queue_s)
+            future.set_result(ItemReply(outcome.outputs, served))
 
-    def _hung(self, worker_id: str) -> None:
-        """A worker holding work made no progress for too long: treat it as lost and close its stream (its
-        registration, if still there, reconnects it later; the breaker remembers)."""
+    def _dispatch(self, dispatch: Dispatch, now: float) -> None:
+        try:
+            sent = self._send(dispatch, now)
+        except Exception as exc:  # a batch that cannot be built or sent fails alone
+            ids = [r.request_id for r in dispatch.requests]
+            log.exception("sending batch %d (requests %s) failed", dispatch.batch_id, ids)
+            error = Internal(f"the router failed to send this request's batch ({type(exc).__name__})")
+            self._end_batch_span(dispatch.batch_id, error.message)
+            self._carry_out(self.core.fail_batch(now, dispatch.batch_id, error), now)
+            return
+        if not sent:
+            self._end_batch_span(dispatch.batch_id, "no open stream")
+            self._carry_out(self.core.send_failed(now, dispatch.batch_id, "no open stream"), now)
+
+    def _send(self, dispatch: Dispatch, now: float) -> bool:
+        model = dispatch.lane.model
+        batch = worker_pb2.Batch(batch_id=dispatch.batch_id, model=model, version=dispatch.lane.version)
+        for request in dispatch.requests:
+            budget_us = min(MAX_BUDGET_US, max(1, round((request.deadline - now) * 1e6)))
+            batch.items.add(
+                item_id=request.request_id, inputs=_waiter(request).decoded.inputs, budget_us=budget_us
+            )
+            self._metrics.queue_wait.labels(model).observe(now - request.arrival)
+        again = sum(1 for r in dispatch.requests if r.attempts > 1)
+        if again:
+            self._metrics.redispatched.labels(model).inc(again)
+        self._metrics.batch_size.labels(model).observe(dispatch.rows)
+        record = _waiter(dispatch.requests[0]).decoded.record
+        self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)
+        self._trace_batch(dispatch, batch)
+        return self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch))
+
+    def _disconnect(self, worker_id: str) -> None:
+        """A hung worker: close its stream (its registration, if still there, reconnects it later)."""
         log.error("worker %s holds batches and answered none for too long: treating it as lost", worker_id)
-        self.worker_lost(worker_id, "hung: no progress while holding batches")
+        self._end_worker_spans(worker_id, "worker hung")
         link = self._links.get(worker_id)
         if link is not None:
             task = asyncio.create_task(link.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    def _send(self, dispatch: Dispatch, now: float) -> None:
-        model = dispatch.lane.model
-        batch = worker_pb2.Batch(batch_id=dispatch.batch_id, model=model, version=dispatch.lane.version)
-        for request in dispatch.requests:
-            budget_us = min(MAX_BUDGET_US, max(1, round((request.deadline - now) * 1e6)))
-            batch.items.add(
-                item_id=request.request_id, inputs=_pending(request).decoded.inputs, budget_us=budget_us
-            )
-            self._item_worker[request.request_id] = dispatch.worker_id
-            self._metrics.queue_wait.labels(model).observe(now - request.arrival)
-        self._metrics.batch_size.labels(model).observe(dispatch.rows)
-        record = _pending(dispatch.requests[0]).decoded.record
-        self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)
-        self._predicted[dispatch.batch_id] = self.estimates.batch_seconds(
-            model, dispatch.lane.version, dispatch.rows, dispatch.worker_id, dispatch.lane.shape
-        )
-        self._dispatched_at[dispatch.batch_id] = now
-        self._trace_batch(dispatch, batch)
-        if not self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch)):
-            self.dispatcher.complete(dispatch.batch_id, now)
-            self._fail_batches([dispatch], _worker_lost(dispatch.worker_id, "no open stream"))
-
+    # -- tracing ------------------------------------------------------------------------------------------
     def _trace_batch(self, dispatch: Dispatch, batch: worker_pb2.Batch) -> None:
         """Open the batch span, linked to every request it carries; the worker's span becomes its child."""
-        links = [Link(p.span) for r in dispatch.requests if (p := _pending(r)).span is not None]
+        links = [Link(w.span) for r in dispatch.requests if (w := _waiter(r)).span is not None]
         if not links:
             return
         span = self._tracer.start_span(
@@ -368,172 +391,32 @@ class Driver:
             },
         )
         batch.trace_context.update(inject(span))
-        self._batch_spans[dispatch.batch_id] = span
+        self._batch_spans[dispatch.batch_id] = (dispatch.worker_id, span)
 
     def _end_batch_span(self, batch_id: int, error: str = "") -> None:
-        span = self._batch_spans.pop(batch_id, None)
-        if span is not None:
+        entry = self._batch_spans.pop(batch_id, None)
+        if entry is not None:
             if error:
-                span.set_status(Status(StatusCode.ERROR, error))
-            span.end()
+                entry[1].set_status(Status(StatusCode.ERROR, error))
+            entry[1].end()
 
-    # -- worker events ------------------------------------------------------------------------------------
-    def on_result(self, worker_id: str, result: worker_pb2.BatchResult) -> None:
-        """A worker answered a batch: learn from its timing, settle each of its requests. A bug while
-        handling the answer fails that batch's requests, nothing else."""
-        now = self.clock.now()
-        dispatch = self.dispatcher.complete(result.batch_id, now)
-        self._wake.set()
-        self._announce_answer()
-        if dispatch is None:
-            log.warning("worker %s answered unknown batch %d", worker_id, result.batch_id)
-            return
-        try:
-            self._answered_batch(worker_id, dispatch, result, now)
-        except Exception as exc:
-            ids = [r.request_id for r in dispatch.requests]
-            log.exception("handling the answer to batch %d (requests %s) failed", dispatch.batch_id, ids)
-            self._fail_batches([dispatch], Internal(f"the router failed on this request's answer "
-                                                    f"({type(exc).__name__})"))  # fmt: skip
+    def _end_worker_spans(self, worker_id: str, error: str) -> None:
+        for batch_id in [b for b, (w, _) in self._batch_spans.items() if w == worker_id]:
+            self._end_batch_span(batch_id, error)
 
-    def _answered_batch(
-        self, worker_id: str, dispatch: Dispatch, result: worker_pb2.BatchResult, now: float
-    ) -> None:
-        sent_at = self._dispatched_at.pop(dispatch.batch_id, now)
-        self._end_batch_span(dispatch.batch_id)
-        key = dispatch.lane
-        self._metrics.execute.labels(key.model).observe(result.execute_us / 1e6)
-        predicted = self._predicted.pop(dispatch.batch_id, 0.0)
-        previous_answer = self._last_answer.get(worker_id, 0.0)
-        self._last_answer[worker_id] = now
-        if result.executed_size:
-            # What the batch cost as the router sees the worker: from when the worker could start it (sent
-            # to an idle worker, or its previous answer) to this answer. Besides the forward pass this
-            # includes the worker's host work and both hops, which decide how soon it can take the next
-            # batch (the forward alone made a fast model look free, so batches stayed tiny).
-            seconds = max(result.execute_us / 1e6, now - max(sent_at, previous_answer))
-            if predicted > 0 and result.executed_size == dispatch.rows:
-                self._metrics.estimate_error.labels(key.model).observe(seconds / predicted - 1.0)
-            self.estimates.observe(
-                key.model, key.version, result.executed_size, seconds, worker_id, shape=key.shape
-            )
-        outcomes = {item.item_id: item for item in result.items}
-        # Only failures the worker blames on itself count against it: a batch of bad items (the client's
-        # fault, proven by the worker's canary) must not take a healthy worker out of rotation.
-        broken = any(item.HasField("error") and item.error.worker_fault for item in outcomes.values())
-        if broken:
-            self.dispatcher.breaker.failure(worker_id, now)
+    def _model_of(self, batch_id: int) -> str:
+        dispatch = self.core.in_flight.get(batch_id)
+        return "unknown" if dispatch is None else dispatch.lane.model
+
+
+def _answer(result: worker_pb2.BatchResult) -> BatchAnswer:
+    """A worker's BatchResult as the core reads it (outputs stay the shell's)."""
+    items = {}
+    for item in result.items:
+        if item.HasField("error"):
+            error = item.error
+            items[item.item_id] = ItemAnswer(item.item_id, error.code or int(Code.UNKNOWN), error.message,
+                                             error.worker_fault)  # fmt: skip
         else:
-            self.dispatcher.breaker.success(worker_id)
-        for request in dispatch.requests:
-            self._item_worker.pop(request.request_id, None)
-            self._settle_result(
-                request,
-                outcomes.get(request.request_id),
-                worker_id=worker_id,
-                dispatch=dispatch,
-                sent_at=sent_at,
-                now=now,
-            )
-
-    def _settle_result(
-        self,
-        request: QueuedRequest,
-        item: worker_pb2.ItemResult | None,
-        *,
-        worker_id: str,
-        dispatch: Dispatch,
-        sent_at: float,
-        now: float,
-    ) -> None:
-        if item is None:
-            _settle(request, Internal(f"worker {worker_id} returned no outcome for this request"))
-        elif item.HasField("error"):
-            _settle(request, error_for_code(item.error.code, item.error.message, reason="worker_error"))
-        elif now > request.deadline:
-            _settle(request, DeadlineExceeded("finished after its deadline", reason="finished_late"))
-        else:
-            self.dispatcher.finished(request, now)
-            _settle(
-                request,
-                ItemReply(list(item.outputs), ServedBy(worker_id, dispatch.rows, sent_at - request.arrival)),
-            )
-
-    def worker_joined(self, worker_id: str, models: set[tuple[str, str]], capacity: int) -> None:
-        """A worker is known (accepting only once `worker_accepting(True)`)."""
-        self.dispatcher.worker_joined(worker_id, models, capacity)
-        self.dispatcher.worker_accepting(worker_id, False)
-
-    def worker_accepting(self, worker_id: str, accepting: bool) -> None:
-        """Open or close a worker to new batches."""
-        self.dispatcher.worker_accepting(worker_id, accepting)
-        self._wake.set()
-
-    def worker_lost(self, worker_id: str, reason: str) -> None:
-        """A worker's stream is gone. Its in-flight requests are dispatched once more elsewhere if their
-        deadlines still allow; the others end UNAVAILABLE (retryable, short hint) — never silence."""
-        now = self.clock.now()
-        lost = self.dispatcher.worker_left(worker_id)
-        if lost:
-            self.dispatcher.breaker.failure(worker_id, now)
-        error = _worker_lost(worker_id, reason)
-        for dispatch in lost:
-            self._dispatched_at.pop(dispatch.batch_id, None)
-            self._predicted.pop(dispatch.batch_id, None)
-            self._end_batch_span(dispatch.batch_id, f"worker lost: {reason}")
-            for request in dispatch.requests:
-                self._item_worker.pop(request.request_id, None)
-                self._redispatch_or_fail(request, error, now)
-        self._announce_answer()
-        self._wake.set()
-
-    def _redispatch_or_fail(self, request: QueuedRequest, error: SluiceError, now: float) -> None:
-        record = _pending(request).decoded.record
-        if request.attempts > 1 or now >= request.latest_start or _pending(request).future.done():
-            _settle(request, error)
-            return
-        limits = self._limits(record)
-        try:
-            self._settle_all(self.dispatcher.resubmit(request, limits))
-            self._metrics.redispatched.labels(record.name).inc()
-        except SluiceError as refused:
-            _settle(request, refused)
-
-    def in_flight_on(self, worker_id: str) -> int:
-        """Batches this router has in flight on a worker."""
-        slot = self.dispatcher.workers.get(worker_id)
-        return 0 if slot is None else slot.in_flight_batches
-
-    async def wait_answered(self, worker_id: str, within_s: float) -> bool:
-        """Wait until the worker holds no batch of ours (False if `within_s` passed first)."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + within_s
-        while self.in_flight_on(worker_id):
-            remaining = give_up - loop.time()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._answered.wait(), remaining)
-        return True
-
-    def _announce_answer(self) -> None:
-        """Wake `wait_answered` callers: set this generation's event and start a new one."""
-        self._answered.set()
-        self._answered = asyncio.Event()
-
-    def _fail_batches(self, batches: list[Dispatch], error: SluiceError) -> None:
-        for dispatch in batches:
-            self._dispatched_at.pop(dispatch.batch_id, None)
-            self._predicted.pop(dispatch.batch_id, None)
-            self._end_batch_span(dispatch.batch_id, error.message)
-            for request in dispatch.requests:
-                self._item_worker.pop(request.request_id, None)
-                _settle(request, error)
-
-
-def _worker_lost(worker_id: str, reason: str) -> Unavailable:
-    return Unavailable(
-        f"worker {worker_id} was lost before answering ({reason})",
-        reason="worker_lost",
-        retry_after_s=WORKER_LOST_RETRY_S,
-    )
+            items[item.item_id] = ItemAnswer(item.item_id, outputs=list(item.outputs))
+    return BatchAnswer(result.batch_id, items, result.executed_size, result.execute_us / 1e6)

@@ -1,43 +1,45 @@
 """Idempotency keys around one inference call: claim before any work, replay, complete or release after.
 
-One logical call = one `idempotency-key` (scoped by tenant). The gate computes the request's fingerprint
+One logical call = one `idempotency-key` (scoped by tenant). The gate computes the call's fingerprint
 (as sent: model, requested version, canonical inputs, outputs, parameters other than priority, timeout and
-cache), claims the key, and either hands back a replayed response (with `sluice_replayed=true`, even if a
-newer version has rolled out since — the stored response names the version that produced it), or lets
-the call run and then stores its outcome: a success or a terminal error is stored and replayed, a
-retryable failure (or a cancellation) releases the key so the retry executes.
+cache), claims the key, and either hands back a replayed result (`replayed`, even if a newer version has
+rolled out since — the stored result names the version that produced it), or lets the call run and then
+stores its outcome: a success (in its stored form, `router/stored_results.py`) or a terminal error is
+stored and replayed, a retryable failure (or a cancellation) releases the key so the retry executes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.clock import Clock
 from common.config import IdempotencySettings
-from common.errors import SluiceError, error_for_code
-from common.pb.inference import grpc_service_pb2 as kserve
-from router.codec import DecodedRequest, ParamValue
+from common.errors import SluiceError, Unavailable, error_for_code
+from router.calls import InferCall, InferResult
+from router.codec import DecodedRequest
 from router.metrics import RouterMetrics
-from router.policy.cache_keys import request_fingerprint, tensors_from
+from router.policy.cache_keys import ParamValue, request_fingerprint, tensors_from
 from router.policy.idempotency import (
     Replay,
     StoredError,
-    StoredResponse,
+    StoredSuccess,
     Ticket,
     lease_seconds,
     scoped_key,
     settle,
     validate_key,
 )
+from router.stored_results import decode_result, encode_result
 from router.stores.idempotency_store import IdempotencyStore, acquire
 
-IDEMPOTENCY_HEADER = "idempotency-key"
+UNREADABLE_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """This call owns the key: run it, then `finish`."""
+    """This call owns the key: run it, then `succeeded` or `failed`."""
 
     ticket: Ticket
     model: str
@@ -56,23 +58,22 @@ class IdempotencyGate:
 
     async def begin(
         self,
-        key: str | None,
         tenant: str,
-        request: kserve.ModelInferRequest,
+        call: InferCall,
         *,
         decoded: DecodedRequest,
         parameters: Mapping[str, ParamValue],
         remaining_s: float,
-    ) -> Claimed | kserve.ModelInferResponse | None:
-        """None without a key; a replayed response; or a claim. Raises FAILED_PRECONDITION on a key reused
-        with another request, UNAVAILABLE when the store is down (fail closed), DEADLINE_EXCEEDED when the
-        first call is still running at our deadline."""
-        if key is None:
+    ) -> Claimed | InferResult | None:
+        """None for a call without a key; a replayed result; or a claim. Raises FAILED_PRECONDITION on a
+        key reused with another request, UNAVAILABLE when the store is down (fail closed), DEADLINE_EXCEEDED
+        when the first call is still running at our deadline, and the stored error of a replayed failure."""
+        if call.idempotency_key is None:
             return None
-        scoped = scoped_key(tenant, validate_key(key))
+        scoped = scoped_key(tenant, validate_key(call.idempotency_key))
         fingerprint = request_fingerprint(
-            model=request.model_name,
-            requested_version=request.model_version,
+            model=call.model_name,
+            requested_version=call.model_version,
             inputs=tensors_from(decoded.inputs),
             outputs=decoded.outputs,
             parameters=parameters,
@@ -93,13 +94,13 @@ class IdempotencyGate:
             raise
         if isinstance(claim, Replay):
             self._metrics.idempotency.labels(model, "replayed").inc()
-            return _replayed(claim, request.id)
+            return _replayed(claim, call.id)
         self._metrics.idempotency.labels(model, "claimed").inc()
         return Claimed(claim.ticket, model)
 
-    async def succeeded(self, claimed: Claimed, response: kserve.ModelInferResponse) -> None:
-        """Store a successful response for replay."""
-        outcome = StoredResponse(response.SerializeToString(), response.model_version)
+    async def succeeded(self, claimed: Claimed, result: InferResult) -> None:
+        """Store a successful result for replay."""
+        outcome = StoredSuccess(encode_result(result), result.model_version)
         await self.store.complete(claimed.ticket, outcome, self._settings.ttl_s)
 
     async def failed(self, claimed: Claimed, error: SluiceError | None) -> None:
@@ -112,11 +113,16 @@ class IdempotencyGate:
             await self.store.release(claimed.ticket)
 
 
-def _replayed(claim: Replay, request_id: str) -> kserve.ModelInferResponse:
+def _replayed(claim: Replay, request_id: str) -> InferResult:
     outcome = claim.outcome
     if isinstance(outcome, StoredError):
         raise error_for_code(outcome.code, outcome.message, reason="replayed_error")
-    response = kserve.ModelInferResponse.FromString(outcome.response_bytes)
-    response.id = request_id
-    response.parameters["sluice_replayed"].bool_param = True
-    return response
+    try:
+        result = decode_result(outcome.result_bytes, request_id=request_id)
+    except ValueError as exc:  # refuse rather than guess, as the store does for an unreadable record
+        raise Unavailable(
+            f"unreadable idempotency record ({exc})",
+            reason="idempotency_record_unreadable",
+            retry_after_s=UNREADABLE_RETRY_S,
+        ) from exc
+    return dataclasses.replace(result, replayed=True)

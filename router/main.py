@@ -35,6 +35,7 @@ from common.tls import server_credentials
 from router.auditor import CacheAuditor
 from router.auth import AccessPolicy
 from router.cache_gate import CacheGate
+from router.dataplane import DataPlane, DriverBackend
 from router.driver import Driver
 from router.edge import MalformedBodies, add_service
 from router.idempotency_gate import IdempotencyGate
@@ -44,6 +45,7 @@ from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
+from router.policy.core import RouterCore
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
 from router.stores.cache_store import ResultCacheStore
@@ -85,15 +87,15 @@ class RouterServer:
         self.catalog = ModelCatalog()
         self.live = LiveStats()
         self.tracer_provider = tracer_provider or provider_from_environment("sluice-router")
-        self.driver = Driver(
-            self.clock,
-            self.links,
-            self.metrics,
+        core = RouterCore(
+            self.clock.now(),
+            settings=settings,
             admission=config.admission,
             tenants=config.tenants,
-            settings=settings,
             max_batch_bytes=config.cluster.max_message_bytes - BATCH_OVERHEAD_BYTES,
-            tracer=tracer(self.tracer_provider, "sluice.router"),
+        )
+        self.driver = Driver(
+            self.clock, core, self.links, self.metrics, tracer=tracer(self.tracer_provider, "sluice.router")
         )
         self.peers = PeerView(
             config.etcd,
@@ -101,14 +103,11 @@ class RouterServer:
             require_api_key=config.admission.require_api_key,
             driver=self.driver,
             metrics=self.metrics,
-            clock=self.clock,
         )
         cluster = ClusterClient(config.cluster)
         if not config.cluster.tls and config.cluster.token_value() is None:
             log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
-        self.membership = Membership(
-            config.etcd, settings, self.driver, self.links, self.catalog, cluster=cluster
-        )
+        self.membership = Membership(config.etcd, self.driver, self.links, self.catalog, cluster=cluster)
         self.access = AccessPolicy(
             self.peers.current_directory,
             admin_keys=settings.admin_keys,
@@ -119,8 +118,9 @@ class RouterServer:
         self.idempotency = IdempotencyGate(
             _idempotency_store(config, self.redis, self.clock), config.idempotency, self.clock, self.metrics
         )
+        backend = DriverBackend(self.driver)
         self.auditor = CacheAuditor(
-            self.driver, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
+            backend, self.cache, settings=config.cache, metrics=self.metrics, clock=self.clock
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
@@ -135,7 +135,23 @@ class RouterServer:
             inflight_bytes=self.inflight_bytes,
             health=self.health,
             autoscale=config.autoscale,
+            etcd_connected=self._etcd_connected,
             clock=self.clock,
+        )
+        self.dataplane = DataPlane(
+            backend,
+            self.catalog,
+            settings=settings,
+            metrics=self.metrics,
+            clock=self.clock,
+            tenants=self.peers.current_directory,
+            cache=self.cache,
+            idempotency=self.idempotency,
+            audit=self.auditor,
+            live=self.live,
+            levels=config.admission.priority_levels,
+            inflight_bytes=self.inflight_bytes,
+            tracer=tracer(self.tracer_provider, "sluice.router"),
         )
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -144,21 +160,7 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        inference = InferenceServicer(
-            self.driver,
-            self.catalog,
-            settings=self.config.router,
-            metrics=self.metrics,
-            clock=self.clock,
-            tenants=self.peers.current_directory,
-            cache=self.cache,
-            idempotency=self.idempotency,
-            live=self.live,
-            levels=self.config.admission.priority_levels,
-            malformed=self.malformed,
-            inflight_bytes=self.inflight_bytes,
-            tracer=tracer(self.tracer_provider, "sluice.router"),
-        )
+        inference = InferenceServicer(self.dataplane, settings=self.config.router, malformed=self.malformed)
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
             membership=self.membership,
@@ -213,9 +215,11 @@ class RouterServer:
         key = router_key(self.config.etcd.prefix, self.router_id)
         self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
         await self._registration.start()
-        registration = self._registration
-        self.status.etcd_connected = lambda: registration.connected
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
+
+    def _etcd_connected(self) -> bool:
+        """Whether this router's etcd registration holds its lease now (False before `start` made it)."""
+        return self._registration is not None and self._registration.connected
 
     def _bind(self, server: grpc.aio.Server) -> int:
         """Listen on the client port, with TLS (optionally requiring client certificates) if configured."""

@@ -1,13 +1,16 @@
-"""Keeps the router's set of workers equal to etcd's `workers/` prefix, and one stream open to each.
+"""Keeps the router's streams equal to etcd's `workers/` prefix, and tells the core what changed.
 
-Events and what they do:
-- a record appears → open a stream; the worker accepts batches once its first READY load report arrives
-  (so it gets traffic within ~1 s of registering);
-- a record turns `draining` or a load report says DRAINING → no new batches, in-flight ones finish;
+It decides nothing about batches: which workers take them, and how many, is the core's (a worker accepts
+while its record is ready, its stream is up and its reports say READY). Events and what they become:
+- a record appears or changes → `worker_registered` (models with their warm-up timings, capacity, ready
+  or draining); a new record or address → a new stream;
+- a stream's first message → `worker_connected`; every answer and load report goes from the stream
+  straight to the driver, never through here;
 - a record disappears (drain finished, or lease expired after SIGKILL/SIGSTOP) → no new batches; the
-  stream is closed once in-flight batches are answered, or after `RETIRE_GRACE_S`, whichever comes first;
-- a stream breaks while the record is still there → its in-flight requests end UNAVAILABLE (retryable)
-  and the stream is reopened with backoff.
+  stream is closed once in-flight batches are answered, or after `RETIRE_GRACE_S`; then `worker_left`,
+  once;
+- the current stream of a registered worker breaks → `worker_left` (its requests go elsewhere or end
+  UNAVAILABLE) and the stream is reopened with backoff; a stale stream that closes changes nothing.
 If etcd is unreachable no snapshot arrives and the router keeps serving from its last view.
 """
 
@@ -20,7 +23,7 @@ import logging
 from pydantic import ValidationError
 
 from common.cluster_auth import ClusterClient
-from common.config import EtcdSettings, RouterSettings
+from common.config import EtcdSettings
 from common.etcd import WORKERS
 from common.etcd_watch import watch_prefix_snapshots
 from common.pb.sluice.v1 import worker_pb2
@@ -39,12 +42,11 @@ RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 class Membership:
-    """Reconciles etcd's worker records with worker links and the driver's worker pool."""
+    """Reconciles etcd's worker records with worker links, and tells the driver what changed."""
 
     def __init__(
         self,
         etcd: EtcdSettings,
-        settings: RouterSettings,
         driver: Driver,
         links: WorkerLinks,
         catalog: ModelCatalog,
@@ -53,12 +55,10 @@ class Membership:
     ) -> None:
         self._etcd = etcd
         self._cluster = cluster
-        self._settings = settings
         self._driver = driver
         self._links = links
         self._catalog = catalog
         self.records: dict[str, WorkerRecord] = {}
-        self.loads: dict[str, worker_pb2.LoadReport] = {}
         self._failures: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
@@ -109,92 +109,70 @@ class Membership:
 
     # -- reconciliation -----------------------------------------------------------------------------------
     def apply(self, records: dict[str, WorkerRecord]) -> None:
-        """Make links and the worker pool match `records`."""
+        """Make links and the core's workers match `records`."""
         previous, self.records = self.records, records
         self._catalog.update(records)
         for conflict in self._catalog.conflicts():
             log.warning("model registrations disagree (a redeploy in progress?): %s", conflict)
-        for record in records.values():
-            for model in record.models:
-                self._driver.estimates.seed(model.name, model.version, model.warmup_s)
         for worker_id in previous.keys() - records.keys():
             self._spawn(self._retire(worker_id))
         for worker_id, record in records.items():
             old = previous.get(worker_id)
             if old is None or old.addr != record.addr or worker_id not in self._links:
                 self._connect(record)
-            elif old.models != record.models or old.capacity != record.capacity:
-                self._join(record)
-            self._update_accepting(worker_id)
+            elif old != record:
+                self._register(record)
 
-    def _join(self, record: WorkerRecord) -> None:
-        capacity = min(record.capacity, self._settings.batches_in_flight_per_worker)
-        models = {(m.name, m.version) for m in record.models}
-        self._driver.worker_joined(record.worker_id, models, capacity)
+    def _register(self, record: WorkerRecord) -> None:
+        self._driver.worker_registered(
+            record.worker_id,
+            {(m.name, m.version): m.warmup_s for m in record.models},
+            record.capacity,
+            record.state == "ready",
+        )
 
     def _connect(self, record: WorkerRecord) -> None:
         stale = self._links.pop(record.worker_id)
         if stale is not None:
             self._spawn(stale.close())
-        self._join(record)
+        self._register(record)
         link = WorkerLink(
             record.worker_id,
             record.addr,
-            self._on_message,
-            self._on_closed,
-            self._cluster,
+            on_message=self._driver.on_message,
+            on_up=self._on_up,
+            on_closed=self._on_closed,
+            cluster=self._cluster,
         )
         self._links.add(link)
         link.start()
 
-    def _update_accepting(self, worker_id: str) -> None:
-        record = self.records.get(worker_id)
-        link = self._links.get(worker_id)
-        load = self.loads.get(worker_id)
-        accepting = (
-            record is not None
-            and record.state == "ready"
-            and link is not None
-            and link.ready
-            and (load is None or load.state == worker_pb2.WORKER_STATE_READY)
-        )
-        self._driver.worker_accepting(worker_id, accepting)
-
     async def _retire(self, worker_id: str) -> None:
-        self._driver.worker_accepting(worker_id, False)
+        """The record is gone (drained, or its lease expired): no new batches; the stream closes once the
+        batches in flight are answered, or after `RETIRE_GRACE_S`; then the worker leaves the core (once)."""
+        self._driver.worker_connected(worker_id, False)
         await self._driver.wait_answered(worker_id, RETIRE_GRACE_S)
         if worker_id in self.records:
             return  # it came back (re-registered) while we waited
-        self.loads.pop(worker_id, None)
         link = self._links.pop(worker_id)
         if link is not None:
             await link.close()
-        self._driver.worker_lost(worker_id, "deregistered from etcd")
+        self._driver.worker_left(worker_id, "deregistered from etcd")
 
     # -- stream events ------------------------------------------------------------------------------------
-    def _on_message(self, worker_id: str, message: worker_pb2.WorkerMessage) -> None:
-        kind = message.WhichOneof("kind")
-        if kind == "result":
-            self._driver.on_result(worker_id, message.result)
-        elif kind == "load":
-            self.loads[worker_id] = message.load
-            link = self._links.get(worker_id)
-            if link is not None:
-                link.ready = True
-            self._failures.pop(worker_id, None)
-            self._update_accepting(worker_id)
+    def _on_up(self, worker_id: str) -> None:
+        self._failures.pop(worker_id, None)
+        self._driver.worker_connected(worker_id, True)
 
-    def _on_closed(self, worker_id: str, reason: str) -> None:
-        self._driver.worker_lost(worker_id, reason)
+    def _on_closed(self, link: WorkerLink, reason: str) -> None:
+        worker_id = link.worker_id
+        if self._links.get(worker_id) is not link:
+            return  # retired on purpose, or a newer link replaced this one: nothing is lost
+        self._links.pop(worker_id)
+        self._driver.worker_left(worker_id, reason)
         record = self.records.get(worker_id)
         if record is None:
-            return  # retired on purpose
-        current = self._links.get(worker_id)
-        if current is not None and not current.closed:
-            self._join(record)  # a newer link replaced the one that closed
-            self._update_accepting(worker_id)
             return
-        self._links.pop(worker_id)
         failures = self._failures.get(worker_id, 0)
         self._failures[worker_id] = failures + 1
         delay = RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)]
@@ -206,15 +184,14 @@ class Membership:
         record = self.records.get(worker_id)
         if record is not None and worker_id not in self._links:
             self._connect(record)
-            self._update_accepting(worker_id)
+
+    def load_of(self, worker_id: str) -> worker_pb2.LoadReport | None:
+        """The latest load report on the worker's stream (None: not connected yet)."""
+        link = self._links.get(worker_id)
+        return None if link is None else link.last_load
 
     def _spawn(self, coro: object) -> None:
         assert asyncio.iscoroutine(coro)
         task: asyncio.Task[None] = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # -- views --------------------------------------------------------------------------------------------
-    def accepting_workers(self) -> list[str]:
-        """Workers that currently receive batches."""
-        return [w.worker_id for w in self._driver.dispatcher.workers if w.accepting]

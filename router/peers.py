@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from common.clock import Clock
 from common.config import EtcdSettings, TenantSettings
 from common.etcd import ROUTERS, TENANTS
 from common.etcd_watch import watch_prefix_snapshots
@@ -62,14 +61,12 @@ class PeerView:
         require_api_key: bool,
         driver: Driver,
         metrics: RouterMetrics,
-        clock: Clock,
     ) -> None:
         self._etcd = etcd
         self._configured = configured
         self._require_key = require_api_key
         self._driver = driver
         self._metrics = metrics
-        self._clock = clock
         self.directory = TenantDirectory(configured, require_api_key=require_api_key)
         metrics.tenants = frozenset(configured)
         self._in_force = dict(configured)
@@ -101,7 +98,7 @@ class PeerView:
 
     def _apply_routers(self, snapshot: dict[str, bytes]) -> None:
         self.routers = max(1, len(snapshot))
-        self._driver.admission.limiter.set_routers(self.routers, self._clock.now())
+        self._driver.set_routers(self.routers)
         self._metrics.routers.set(self.routers)
 
     def _apply_tenants(self, snapshot: dict[str, bytes]) -> None:
@@ -109,6 +106,6 @@ class PeerView:
         self._in_force = merged
         self.directory = TenantDirectory(merged, require_api_key=self._require_key)
         self._metrics.tenants = frozenset(merged)
-        self._driver.admission.set_tenants(merged, self._clock.now())
+        self._driver.set_tenants(merged)
         if snapshot:
             log.info("tenant overrides from etcd applied: %s", ", ".join(sorted(snapshot)))

@@ -34,7 +34,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class StatusLoop:
-    """Keeps health, gauges and `desired_workers` current."""
+    """Keeps health, gauges and `desired_workers` current; `etcd_connected` answers whether the router's
+    own etcd registration is live now (the `etcd_up` gauge)."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class StatusLoop:
         inflight_bytes: ByteBudget,
         health: HealthServicer,
         autoscale: AutoscaleSettings,
+        etcd_connected: Callable[[], bool],
         clock: Clock,
     ) -> None:
         self._driver = driver
@@ -63,8 +65,7 @@ class StatusLoop:
         self.desired: dict[str, int] = {}
         self.core_stuck = False
         """Set for good once the watchdog found the decision loop dead or stuck."""
-        self.etcd_connected: Callable[[], bool] = lambda: False
-        """Set by the router once its registration exists."""
+        self._etcd_connected = etcd_connected
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -114,21 +115,21 @@ class StatusLoop:
         )
 
     async def _set_health(self) -> None:
-        dispatcher = self._driver.dispatcher
-        ready = not self.core_stuck and any(w.accepting for w in dispatcher.workers)
+        core = self._driver.core
+        ready = not self.core_stuck and any(w.accepting for w in core.workers)
         for service in ("", INFERENCE_SERVICE):
             await self._health.set(service, SERVING if ready else NOT_SERVING)
         for name in self._catalog.names():
             model_ready = not self.core_stuck and any(
-                dispatcher.serves(name, v) for v in self._catalog.versions(name)
+                core.serves(name, v) for v in self._catalog.versions(name)
             )
             await self._health.set(f"model/{name}", SERVING if model_ready else NOT_SERVING)
 
     def _export_queues(self, now: float) -> None:
-        dispatcher = self._driver.dispatcher
+        core = self._driver.core
         depth: dict[tuple[str, str], int] = {}
         oldest: dict[tuple[str, str], float] = {}
-        for lane in dispatcher.lanes.values():
+        for lane in core.queues.lanes.values():
             key = (lane.key.model, lane.key.version)
             depth[key] = depth.get(key, 0) + len(lane)
             arrival = lane.oldest_arrival()
@@ -139,13 +140,13 @@ class StatusLoop:
                 key = (name, version)
                 self._metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
                 self._metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
-        self._metrics.queued_bytes.set(dispatcher.queued_bytes)
+        self._metrics.queued_bytes.set(core.queues.queued_bytes())
         self._metrics.inflight_bytes.set(self._inflight_bytes.used)
-        self._metrics.in_flight_batches.set(len(dispatcher.in_flight))
-        accepting = sum(1 for w in dispatcher.workers if w.accepting)
+        self._metrics.in_flight_batches.set(len(core.in_flight))
+        accepting = sum(1 for w in core.workers if w.accepting)
         self._metrics.workers.labels("true").set(accepting)
-        self._metrics.workers.labels("false").set(sum(1 for _ in dispatcher.workers) - accepting)
-        for tenant, level in self._driver.admission.limiter.levels(now).items():
+        self._metrics.workers.labels("false").set(sum(1 for _ in core.workers) - accepting)
+        for tenant, level in self._driver.core.admission.limiter.levels(now).items():
             self._metrics.token_level.labels(tenant).set(level)
 
     def _export_cache(self) -> None:
@@ -153,19 +154,19 @@ class StatusLoop:
         self._metrics.cache_bytes.set(stats.bytes_used)
         self._metrics.cache_evictions.set(stats.evictions)
         self._metrics.redis_up.set(0 if stats.redis_down else 1)
-        self._metrics.etcd_up.set(1 if self.etcd_connected() else 0)
+        self._metrics.etcd_up.set(1 if self._etcd_connected() else 0)
 
     def _export_desired(self, now: float) -> None:
-        dispatcher = self._driver.dispatcher
+        core = self._driver.core
         for name in self._catalog.names():
             record = self._catalog.resolve(name)
             rows_per_s = sum(
-                stats.rate(now) for key, stats in dispatcher.stats.items() if key.model == name
+                stats.rate(now) for key, stats in core.queues.stats.items() if key.model == name
             ) * max(1, self._peers.routers)
-            ready = sum(1 for w in dispatcher.workers if w.accepting and any(m == name for m, _ in w.models))
+            ready = sum(1 for w in core.workers if w.accepting and any(m == name for m, _ in w.models))
 
             def seconds(rows: int, model: str = name, version: str = record.version) -> float:
-                return dispatcher.estimates.batch_seconds(model, version, rows)
+                return core.estimates.batch_seconds(model, version, rows)
 
             batch = record.max_batch_size
             load = ModelLoad(

@@ -1,10 +1,12 @@
 """One bidirectional stream to one worker (DESIGN.md: sluice/v1/worker.proto), and the set of them.
 
 A link only moves messages (over the cluster's mTLS or with its token, common/cluster_auth.py): `send`
-queues a RouterMessage for the writer, every WorkerMessage read is handed to `on_message`, and when the
-stream ends for any reason `on_closed` is called exactly once.
-gRPC keepalive pings every 500 ms with a 500 ms ack deadline make a dead or frozen peer visible within
-about a second even when no batch is in flight (a killed peer's socket closes at once).
+queues a RouterMessage for the writer, every WorkerMessage read is handed to `on_message` (the driver),
+the first one also to `on_up`, and when the stream ends for any reason `on_closed` is called exactly once
+with the link itself (so a stale link can be told from the current one).
+A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the heartbeat watch in
+router/membership.py closes its stream after 0.8 s without a message (load reports come every 0.25 s).
+gRPC keepalive pings every 500 ms with a 500 ms ack deadline back that up (gRPC alone takes ~1.5 s).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ KEEPALIVE_OPTIONS = [
 ]
 
 OnMessage = Callable[[str, worker_pb2.WorkerMessage], None]
-OnClosed = Callable[[str, str], None]
+OnUp = Callable[[str], None]
+OnClosed = Callable[["WorkerLink", str], None]
 
 
 class WorkerLink:
@@ -39,16 +42,22 @@ class WorkerLink:
         self,
         worker_id: str,
         addr: str,
+        *,
         on_message: OnMessage,
+        on_up: OnUp,
         on_closed: OnClosed,
         cluster: ClusterClient,
     ) -> None:
         self.worker_id = worker_id
         self.addr = addr
         self.ready = False
+        """A first message came: the worker is there."""
         self.last_message = 0.0
         """Loop time of the last message from the worker (its heartbeat)."""
+        self.last_load: worker_pb2.LoadReport | None = None
+        """The worker's latest load report (the admin view shows it)."""
         self._on_message = on_message
+        self._on_up = on_up
         self._on_closed = on_closed
         self._cluster = cluster
         self._options = [
@@ -95,6 +104,11 @@ class WorkerLink:
                 call = stub.Stream(self._requests(), metadata=self._cluster.metadata)
                 async for message in call:
                     self.last_message = asyncio.get_running_loop().time()
+                    if message.HasField("load"):
+                        self.last_load = message.load
+                    if not self.ready:
+                        self.ready = True
+                        self._on_up(self.worker_id)
                     self._on_message(self.worker_id, message)
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
@@ -103,7 +117,8 @@ class WorkerLink:
         finally:
             self._closed = True
             self.ready = False
-            self._on_closed(self.worker_id, reason)
+            self._outbox.put_nowait(None)  # ends the request generator, rather than leaving it to the GC
+            self._on_closed(self, reason)
 
 
 class WorkerLinks:

@@ -15,11 +15,6 @@ concern one shape. Calling those fatal would let any client restart workers at w
 
 from __future__ import annotations
 
-EXIT_DEVICE_FAULT = 75
-"""The worker's exit status after a device fault (EX_TEMPFAIL in sysexits.h: "try again later"): the
-process is broken, not its configuration, so a supervisor should start it again. Any other non-zero exit
-(bad config, a model that fails to load or warm up) would fail again the same way."""
-
 _STICKY_MESSAGES = (
     # cudaErrorAssert: a kernel's device-side assert, e.g. an embedding index >= the vocabulary.
     "device-side assert triggered",

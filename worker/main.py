@@ -30,6 +30,7 @@ from common.cluster_auth import TokenCheck, require_worker_credentials, worker_s
 from common.config import SluiceConfig
 from common.errors import Internal
 from common.etcd import LeasedKey, worker_key
+from common.exit_codes import EXIT_DEVICE_FAULT
 from common.grpc_gate import GateInterceptor
 from common.metrics import MetricsEndpoint
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -38,7 +39,6 @@ from common.telemetry import provider_from_environment, tracer
 from worker.auth import ClusterTokenGate
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
-from worker.faults import EXIT_DEVICE_FAULT
 from worker.gpu_metrics import GpuSampler
 from worker.metrics import WorkerMetrics
 from worker.repository import scan_repository

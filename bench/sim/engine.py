@@ -1,24 +1,19 @@
-"""The event loop: the second driver of the policy core, under virtual time (DESIGN.md §3).
+"""The event loop: the second driver of the router core, under virtual time (DESIGN.md §10).
 
-It makes the calls `router/driver.py` makes, on the same events, to the same objects:
-- arrival → refuse at once if the deadline passed or no worker serves the model, else
-  `AdmissionController.admit` (a SluiceError is a refusal; evicted requests end with their error);
-- batch answered → `Dispatcher.complete(batch, now)`, `ServiceEstimates.observe` with the worker's id and
-  the lane's shape, `breaker.success`, then per request: skipped by the worker or past its deadline →
-  DEADLINE_EXCEEDED, else OK after `Dispatcher.finished`;
-- worker crash noticed → `Dispatcher.worker_left` and `breaker.failure`; each lost request is dispatched
-  once more (`resubmit`) while its latest start allows, else it ends UNAVAILABLE (worker_lost); drain →
-  `worker_accepting(False)`, then `worker_left` once the worker is idle;
-- after every event, `Dispatcher.poll(now)`: rejected requests end, dispatches go to the simulated
-  workers, and the one timer is re-armed at `wake_at` (a timer superseded by a later poll never fires,
-  as the driver's single `wait_for` would not). What the batcher sees of the receiving worker (idle, and
-  when it should be free) comes from the dispatcher's own worker slots, as in the router.
+Like `router/driver.py` it only translates events into `RouterCore` calls and carries the returned
+decisions out — the rules are the core's, so the simulator cannot drift from the server:
+- an arrival → `arrive` on one of the routers (in turn); a simulated worker's answer → `answered` on the
+  router that sent the batch; a crash noticed → `worker_left` on every router; a drain → the worker
+  registered as draining, then `worker_left` once it is idle; every `load_report_ms` → `worker_reported`
+  (what each worker holds, from every router) on every router; a router's timer → `tick`;
+- a decision's dispatches go to the simulated workers (which merge, skip and refuse as the real runner
+  does: bench/sim/workers.py), its settled requests become records, its drops reach the workers, and each
+  router's one timer is re-armed at `wake_at` (a superseded timer never fires, as the driver's alarm).
 Time only moves by jumping to the next event, so a run is deterministic for a seed and as fast as the
-policy code allows.
+core allows.
 
-Invariant: every arrival ends exactly once — OK, or a SluiceError's status and reason — and the admission
-slot of an admitted request is released exactly when it ends. `run` raises if any request ended twice or
-never ended.
+Invariant: every arrival ends exactly once — OK, or a SluiceError's status and reason. `run` raises if
+any request ended twice or never ended.
 """
 
 from __future__ import annotations
@@ -29,22 +24,21 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 
 from bench.loadgen_stats import RequestRecord
 from bench.sim.plan import RunPlan
 from bench.sim.results import SimResult, WorkerStats
 from bench.sim.scenario import Failure, worker_ids
 from bench.sim.workers import Running, SimWorker, class_of
-from common.config import AdmissionSettings, TenantSettings
-from common.errors import DeadlineExceeded, SluiceError, Unavailable
-from router.policy.admission import AdmissionController, queue_bounds
-from router.policy.batcher import AdaptiveBatcher, Batcher, TimerBatcher
-from router.policy.dispatcher import Dispatch, Dispatcher
-from router.policy.estimators import ServiceEstimates
+from common.config import AdmissionSettings, RouterSettings, TenantSettings
+from common.errors import SluiceError
+from router.policy.core import RouterCore
 from router.policy.lanes import QueuedRequest
-from router.policy.scheduler import make_chooser
+from router.policy.outcomes import BatchAnswer, Decision, Served
 
-ARRIVAL, DONE, TIMER, CRASH, NOTICED, DRAIN = range(6)
+ARRIVAL, DONE, ANSWER, TIMER, CRASH, NOTICED, DRAIN, REPORT = range(8)
 UNLIMITED = TenantSettings(rate=1e12, burst=10**12, max_inflight=10**12, default_priority=9, max_priority=1)
 SETTLE_S = 60.0
 """After the last arrival plus the longest deadline, a run that still has events is broken: stop."""
@@ -55,75 +49,74 @@ the very instants it asks to be woken at, so it needs no slack to make progress;
 asks for the same instant over and over.)"""
 BYTES_PER_ROW_ITEM = 4
 """FP32: a request's queued bytes are rows x length x 4 (admission's byte bound)."""
+CoreFactory = Callable[[int, RunPlan], RouterCore]
+
+
+def make_core(router: int, plan: RunPlan) -> RouterCore:
+    """The core one simulated router runs: the plan's policy, unlimited tenants."""
+    policy = plan.policy
+    settings = RouterSettings(batcher=policy.batcher, scheduler=policy.scheduler)
+    admission = AdmissionSettings(enabled=policy.admission, lane_max_queued=policy.lane_max_queued)
+    tenants = {c.tenant: UNLIMITED for c in plan.scenario.classes}
+    rng = random.Random(plan.scenario.seed * 7919 + router)
+    return RouterCore(0.0, settings=settings, admission=admission, tenants=tenants, rng=rng)
 
 
 class Simulation:
     """One run of a plan. Use once: `Simulation(plan).run()`."""
 
-    def __init__(self, plan: RunPlan) -> None:
+    def __init__(self, plan: RunPlan, core_factory: CoreFactory = make_core) -> None:
         self.plan = plan
         scenario = plan.scenario
-        model = scenario.model
-        seed = scenario.seed
         self.overhead_s = scenario.overhead_ms / 1000.0
         self.classes = scenario.classes
-        batcher: Batcher = AdaptiveBatcher() if plan.policy.batcher == "adaptive" else TimerBatcher()
-        settings = AdmissionSettings(
-            enabled=plan.policy.admission, lane_max_queued=plan.policy.lane_max_queued
-        )
-        self.dispatcher = Dispatcher(
-            batcher=batcher,
-            chooser=make_chooser(plan.policy.scheduler, random.Random(seed)),
-            estimates=ServiceEstimates(),
-            bounds=queue_bounds(settings),
-            aging_s=settings.aging_s,
-        )
-        tenants = {c.tenant: UNLIMITED for c in scenario.classes}
-        self.admission = AdmissionController(settings, tenants, self.dispatcher, now=0.0)
-        served = self._seed_estimates()
+        self.cores = [core_factory(r, plan) for r in range(scenario.routers)]
+        self._warmup = self._warmup_timings()
         costs = [c.item_cost for c in scenario.classes]
         self.workers: dict[str, SimWorker] = {}
         ids = iter(worker_ids(scenario.workers))
         for index, group in enumerate(scenario.workers):
             for k in range(group.count):
                 worker_id = next(ids)
-                rng = random.Random(seed * 1_000_003 + index * 100_003 + k)
+                rng = random.Random(scenario.seed * 1_000_003 + index * 100_003 + k)
                 self.workers[worker_id] = SimWorker(
-                    worker_id,
-                    group.speed,
-                    model,
-                    scenario.noise,
-                    costs,
-                    rng,
+                    worker_id, group.speed, scenario.model, scenario.noise, costs, rng, group.capacity,
                     scenario.batch_overhead_ms / 1000,
-                )
-                self.dispatcher.worker_joined(worker_id, served, group.capacity)
-                self.dispatcher.worker_accepting(worker_id, True)
+                )  # fmt: skip
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
-        for failure in scenario.failures:
-            kind = CRASH if failure.kind == "crash" else DRAIN
-            self._push(failure.at_s, kind, failure)
-        self._timer_at: float | None = None
-        self._timer_gen = 0
-        self._last_fired = -1.0
-        self._spins = 0
+        self._timer_at: list[float | None] = [None] * len(self.cores)
+        self._timer_gen = [0] * len(self.cores)
+        self._last_fired = [-1.0] * len(self.cores)
+        self._spins = [0] * len(self.cores)
         self._records: list[RequestRecord | None] = [None] * plan.arrivals
-        self._admitted: set[int] = set()
         self.batch_rows: list[int] = []
         self.cut_reasons: Counter[str] = Counter()
         self.late_rows = 0
         self.redispatched = 0
         self.events = 0
+        for failure in scenario.failures:
+            self._push(failure.at_s, CRASH if failure.kind == "crash" else DRAIN, failure)
+        for router, core in enumerate(self.cores):
+            core.set_routers(0.0, len(self.cores))
+            for worker in self.workers.values():
+                self._register(router, worker, ready=True, now=0.0)
+                self._apply(router, core.worker_connected(0.0, worker.worker_id, True), 0.0)
+        if len(self.cores) > 1 and scenario.workers_report_load:
+            self._push(scenario.load_report_ms / 1000.0, REPORT, None)
 
-    def _seed_estimates(self) -> set[tuple[str, str]]:
-        """Seed the model as the workers' warm-up timings would (a speed-1 device, batch sizes 1 and max, on
-        the smallest shape bucket, as `worker/main.py` times them); returns what the workers serve."""
+    def _warmup_timings(self) -> dict[int, float]:
+        """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest
+        shape bucket (as `worker/main.py` times them)."""
         model = self.plan.scenario.model
         smallest = min(self.classes, key=lambda c: c.length)
-        warmup = {rows: model.batch_seconds(rows, smallest.item_cost) for rows in (1, model.max_batch_size)}
-        self.dispatcher.estimates.seed(model.name, model.version, warmup)
-        return {(model.name, model.version)}
+        return {rows: model.batch_seconds(rows, smallest.item_cost) for rows in (1, model.max_batch_size)}
+
+    def _register(self, router: int, worker: SimWorker, *, ready: bool, now: float) -> None:
+        model = self.plan.scenario.model
+        models = {(model.name, model.version): self._warmup}
+        decision = self.cores[router].worker_registered(now, worker.worker_id, models, worker.capacity, ready)
+        self._apply(router, decision, now)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -141,173 +134,169 @@ class Simulation:
                 break
             if next_arrival <= next_event:
                 now = next_arrival
-                self._arrive(i, classes[i], now)
+                self.arrive(i, classes[i], now)
                 i += 1
             else:
                 now, _, kind, data = heapq.heappop(self._events)
                 if now > stop_at:
                     break
-                if kind == TIMER:
-                    if data != self._timer_gen:
-                        continue  # superseded: the driver would not have woken
-                    self._fired(now)
-                self._handle(kind, data, now)
+                self._handle(kind, data, now, arrivals_left=i < n)
             self.events += 1
-            self._poll(now)
         return self._result(now, time.perf_counter() - started)
-
-    def _fired(self, now: float) -> None:
-        """The timer fired; a core that asks to be woken at the same instant forever is a bug: stop."""
-        self._timer_at = None
-        self._spins = self._spins + 1 if now == self._last_fired else 0
-        self._last_fired = now
-        if self._spins > MAX_SPINS:
-            raise AssertionError(f"poll keeps asking to be woken at {now} without progress")
 
     def _push(self, when: float, kind: int, data: object) -> None:
         heapq.heappush(self._events, (when, next(self._seq), kind, data))
 
-    def _handle(self, kind: int, data: object, now: float) -> None:
-        if kind == DONE:
+    def _handle(self, kind: int, data: object, now: float, *, arrivals_left: bool) -> None:
+        if kind == TIMER:
+            assert isinstance(data, tuple)
+            router, generation = data
+            if generation == self._timer_gen[router]:
+                self._fired(router, now)
+                self.tick(router, now)
+        elif kind == DONE:
             assert isinstance(data, SimWorker)
-            self._batch_done(data, now)
+            self._forward_done(data, now)
+        elif kind == ANSWER:
+            assert isinstance(data, tuple)
+            router, worker_id, answer = data
+            self.answered(router, worker_id, answer, now)
         elif kind == CRASH:
             assert isinstance(data, Failure)
-            self._crash(data, now)
+            self.workers[data.worker].crash()
+            self._push(now + data.detect_ms / 1000.0, NOTICED, data.worker)
         elif kind == NOTICED:
             assert isinstance(data, str)
-            self._worker_lost(data, now)
+            self.worker_left(data, "crashed", now)
         elif kind == DRAIN:
             assert isinstance(data, Failure)
             worker = self.workers[data.worker]
             worker.draining = True
-            self.dispatcher.worker_accepting(worker.worker_id, False)
-            self._leave_if_drained(worker)
+            for router in range(len(self.cores)):
+                self._register(router, worker, ready=False, now=now)
+            self._leave_if_drained(worker, now)
+        elif kind == REPORT:
+            self._report(now)
+            if arrivals_left or self._events:
+                self._push(now + self.plan.scenario.load_report_ms / 1000.0, REPORT, None)
 
-    def _poll(self, now: float) -> None:
-        decision = self.dispatcher.poll(now)
-        for request, error in decision.rejected:
-            self._end(request, now, error)
+    def _fired(self, router: int, now: float) -> None:
+        """A router's timer fired; a core that asks to be woken at the same instant forever is a bug."""
+        self._timer_at[router] = None
+        self._spins[router] = self._spins[router] + 1 if now == self._last_fired[router] else 0
+        self._last_fired[router] = now
+        if self._spins[router] > MAX_SPINS:
+            raise AssertionError(f"router {router} keeps asking to be woken at {now} without progress")
+
+    def _apply(self, router: int, decision: Decision, now: float, *, ticked: bool = True) -> None:
+        """Carry out one core decision, as the driver would (`ticked`: it came from a tick, or an event that
+        ticks, so its wake-up is all the core waits for)."""
+        for settled in decision.settled:
+            self._end(settled.request, now, settled.outcome)
+        for worker_id, item_ids in decision.drops.items():
+            self.workers[worker_id].drop(item_ids)
         for dispatch in decision.dispatches:
-            self._send(dispatch, now)
-        self._arm(decision.wake_at, now)
+            self.batch_rows.append(dispatch.rows)
+            self.cut_reasons[dispatch.reason] += 1
+            self.redispatched += sum(1 for r in dispatch.requests if r.attempts > 1)
+            worker = self.workers[dispatch.worker_id]
+            started, busy = worker.accept(dispatch, router, now)
+            if started is not None:
+                self._push(started.ends, DONE, worker)
+            if busy is not None:
+                self._push(now, ANSWER, (router, worker.worker_id, busy))
+        self._arm(router, decision.wake_at, now, ticked=ticked)
 
-    def _arm(self, wake_at: float | None, now: float) -> None:
-        if wake_at == self._timer_at:
+    def _arm(self, router: int, wake_at: float | None, now: float, *, ticked: bool) -> None:
+        """As the driver's alarm: a tick's wake-up replaces the timer; another event's only brings it
+        forward (a superseded timer never fires)."""
+        armed = self._timer_at[router]
+        earlier = wake_at is not None and (armed is None or wake_at < armed)
+        if wake_at == armed or not (ticked or earlier):
             return
-        self._timer_gen += 1
-        self._timer_at = wake_at
+        self._timer_gen[router] += 1
+        self._timer_at[router] = wake_at
         if wake_at is not None:
-            self._push(max(wake_at, now) + TIMER_SLACK_S, TIMER, self._timer_gen)
+            self._push(max(wake_at, now) + TIMER_SLACK_S, TIMER, (router, self._timer_gen[router]))
 
-    # -- events -------------------------------------------------------------------------------------------
-    def _arrive(self, index: int, cls: int, now: float) -> None:
+    # -- events (public, so a scripted sequence can drive them: tests/unit/router/test_one_core.py) -------
+    def tick(self, router: int, now: float) -> None:
+        """A router's timer."""
+        self._apply(router, self.cores[router].tick(now), now)
+
+    def worker_left(self, worker_id: str, why: str, now: float) -> None:
+        """Every router learns that a worker is gone."""
+        for router, core in enumerate(self.cores):
+            self._apply(router, core.worker_left(now, worker_id, why), now)
+
+    def arrive(self, index: int, cls: int, now: float) -> None:
+        """Arrival `index` (of class `cls`) reaches a router, the routers taken in turn."""
         spec = self.classes[cls]
         deadline = now + spec.deadline_ms / 1000.0 - self.overhead_s
         lane = self.plan.lanes[cls]
         length = lane.shape[0][1][0]  # the padded length: the lane's shape bucket
-        request = QueuedRequest(
-            index, lane, spec.rows, now, deadline, cls, tenant=spec.tenant, priority=spec.priority,
-            size_bytes=spec.rows * length * BYTES_PER_ROW_ITEM, cost=spec.rows * length,
-        )  # fmt: skip
-        if deadline <= now:
-            self._end(
-                request, now, DeadlineExceeded("deadline passed on arrival", reason="expired_on_arrival")
-            )
-            return
-        if not self.dispatcher.serves(lane.model, lane.version):
-            self._end(request, now, Unavailable("no ready worker", reason="no_worker", retry_after_s=1.0))
-            return
-        try:
-            evicted = self.admission.admit(request, self.plan.limits[cls], now)
-        except SluiceError as refused:
-            self._end(request, now, refused)
-            return
-        self._admitted.add(index)
-        for victim, error in evicted:
-            self._end(victim, now, error)
+        router = index % len(self.cores)
+        core = self.cores[router]
+        request = core.new_request(
+            now,
+            lane=lane,
+            rows=spec.rows,
+            deadline=deadline,
+            payload=(index, cls),
+            tenant=spec.tenant,
+            priority=spec.priority,
+            input_bytes=spec.rows * length * BYTES_PER_ROW_ITEM,
+            cost=spec.rows * length,
+        )
+        self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now, ticked=False)
 
-    def _send(self, dispatch: Dispatch, now: float) -> None:
-        self.batch_rows.append(dispatch.rows)
-        self.cut_reasons[dispatch.reason] += 1
-        worker = self.workers[dispatch.worker_id]
-        started = worker.accept(dispatch, now)
-        if started is not None:
-            self._push(started.ends, DONE, worker)
-
-    def _batch_done(self, worker: SimWorker, now: float) -> None:
+    def _forward_done(self, worker: SimWorker, now: float) -> None:
         if not worker.alive or worker.running is None or worker.running.ends != now:
-            return  # the worker crashed after this batch started: its answer never comes
+            return  # the worker crashed after this forward started: its answers never come
         done, following = worker.finish(now)
         if following is not None:
             self._push(following.ends, DONE, worker)
-        self._answer(worker, done, now)
-        self._leave_if_drained(worker)
+        self._late_rows(done, now)
+        blind = not self.plan.scenario.workers_report_load
+        for router, answer in worker.answers(done):
+            told = replace(answer, queued_batches=None) if blind else answer
+            self.answered(router, worker.worker_id, told, now)
+        self._leave_if_drained(worker, now)
 
-    def _answer(self, worker: SimWorker, done: Running, now: float) -> None:
-        dispatch = self.dispatcher.complete(done.dispatch.batch_id, now)
-        if dispatch is None:
-            return  # already handed back by worker_left
-        key = dispatch.lane
-        if done.executed_rows:
-            seconds = done.ends - done.started
-            estimates, worker_id = self.dispatcher.estimates, worker.worker_id
-            estimates.observe(key.model, key.version, done.executed_rows, seconds, worker_id, shape=key.shape)
-        self.dispatcher.breaker.success(worker.worker_id)  # simulated items never fail INTERNAL
-        for request in dispatch.requests:
-            if request.request_id in done.skipped:
-                self._end(request, now, DeadlineExceeded("budget ran out before the batch started",
-                                                         reason="expired_on_worker"))  # fmt: skip
-            elif now > request.deadline:
-                self.late_rows += request.rows
-                self._end(
-                    request, now, DeadlineExceeded("finished after its deadline", reason="finished_late")
-                )
-            else:
-                self.dispatcher.finished(request, now)
-                self._end(request, now, None)
+    def answered(self, router: int, worker_id: str, answer: BatchAnswer, now: float) -> None:
+        """A worker's answer reaches the router that sent the batch."""
+        self._apply(router, self.cores[router].answered(now, worker_id, answer), now)
 
-    def _worker_lost(self, worker_id: str, now: float) -> None:
-        """The router notices a lost worker: each of its requests is dispatched once more elsewhere while
-        its latest start allows, else it ends UNAVAILABLE (as `Driver.worker_lost` does)."""
-        lost = self.dispatcher.worker_left(worker_id)
-        if lost:
-            self.dispatcher.breaker.failure(worker_id, now)
-        error = Unavailable(f"worker {worker_id} was lost before answering", reason="worker_lost",
-                            retry_after_s=0.1)  # fmt: skip
-        for dispatch in lost:
-            for request in dispatch.requests:
-                if request.attempts > 1 or now >= request.latest_start:
-                    self._end(request, now, error)
-                    continue
-                self.redispatched += 1
-                try:
-                    evicted = self.dispatcher.resubmit(request, self.plan.limits[class_of(request)])
-                except SluiceError as refused:
-                    self._end(request, now, refused)
-                    continue
-                for victim, reason in evicted:
-                    self._end(victim, now, reason)
+    def _late_rows(self, done: Running, now: float) -> None:
+        """Rows the device ran for requests that were past their deadline when the forward ended."""
+        for held in done.batches:
+            self.late_rows += sum(
+                r.rows
+                for r in held.dispatch.requests
+                if r.request_id not in done.skipped and now > r.deadline
+            )
 
-    def _crash(self, failure: Failure, now: float) -> None:
-        worker = self.workers[failure.worker]
-        worker.crash()
-        self._push(now + failure.detect_ms / 1000.0, NOTICED, worker.worker_id)
+    def _report(self, now: float) -> None:
+        for worker in self.workers.values():
+            if worker.alive:
+                for router, core in enumerate(self.cores):
+                    decision = core.worker_reported(now, worker.worker_id, not worker.draining, worker.held)
+                    self._apply(router, decision, now)
 
-    def _leave_if_drained(self, worker: SimWorker) -> None:
+    def _leave_if_drained(self, worker: SimWorker, now: float) -> None:
         if worker.draining and worker.alive and worker.idle:
             worker.alive = False
-            assert not self.dispatcher.worker_left(worker.worker_id)
+            for router, core in enumerate(self.cores):
+                self._apply(router, core.worker_left(now, worker.worker_id, "drained"), now)
 
     # -- outcomes -----------------------------------------------------------------------------------------
-    def _end(self, request: QueuedRequest, now: float, error: SluiceError | None) -> None:
-        index = request.request_id
+    def _end(self, request: QueuedRequest, now: float, outcome: Served | SluiceError) -> None:
+        assert isinstance(request.payload, tuple)
+        index = request.payload[0]
         if self._records[index] is not None:
             raise AssertionError(f"request {index} ended twice")
-        if index in self._admitted:
-            self._admitted.discard(index)
-            self.admission.release(request)
-        cls = self.plan.classes[index]
+        cls = class_of(request)
+        error = outcome if isinstance(outcome, SluiceError) else None
         self._records[index] = RequestRecord(
             cls=cls, scheduled_s=request.arrival, lag_s=0.0,
             latency_s=now - request.arrival + self.overhead_s,
@@ -323,12 +312,14 @@ class Simulation:
             raise AssertionError(f"{len(missing)} request(s) never ended (first: {missing[0]})")
         records = [r for r in self._records if r is not None]
         workers = [
-            WorkerStats(w.worker_id, w.speed, w.batches, w.rows, w.busy_s) for w in self.workers.values()
+            WorkerStats(w.worker_id, w.speed, w.forwards, w.rows, w.busy_s, w.max_held)
+            for w in self.workers.values()
         ]
+        forwards = [rows for w in self.workers.values() for rows in w.forward_rows]
         return SimResult(
             plan=self.plan, records=records, workers=workers, batch_rows=self.batch_rows,
-            cut_reasons=dict(self.cut_reasons), late_rows=self.late_rows, redispatched=self.redispatched,
-            end_s=end_s, wall_s=wall_s, events=self.events,
+            forward_rows=forwards, cut_reasons=dict(self.cut_reasons), late_rows=self.late_rows,
+            redispatched=self.redispatched, end_s=end_s, wall_s=wall_s, events=self.events,
         )  # fmt: skip
 
 

@@ -34,8 +34,11 @@ class WorkerStats:
     worker_id: str
     speed: float
     batches: int
+    """Forward passes it ran."""
     rows: int
     busy_s: float
+    max_held: int
+    """The most batches it held at once, from all routers."""
 
 
 @dataclass
@@ -46,11 +49,14 @@ class SimResult:
     records: list[RequestRecord]
     workers: list[WorkerStats]
     batch_rows: list[int]
+    """Rows of each batch a router sent."""
+    forward_rows: list[int]
+    """Rows of each forward a worker ran (batches from several routers merge into one)."""
     cut_reasons: dict[str, int]
     late_rows: int
     """Rows executed for requests that then finished after their deadline: device time wasted."""
     redispatched: int
-    """Requests of lost workers queued once more (they end once, later)."""
+    """Dispatches of requests queued once more after their worker was lost (they end once, later)."""
     end_s: float
     """Virtual time of the last event."""
     wall_s: float
@@ -95,6 +101,7 @@ def _workers(result: SimResult) -> dict[str, Any]:
         "count": len(result.workers),
         "rows_per_worker": {"min": min(rows), "mean": float(np.mean(rows)), "max": max(rows)},
         "busy_mean": sum(w.busy_s for w in result.workers) / span / len(result.workers),
+        "max_held": max(w.max_held for w in result.workers),
         "by_speed": by_speed,
         "detail": detail,
     }
@@ -123,6 +130,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             "count": len(batches),
             "mean_rows": float(np.mean(batches)) if batches else 0.0,
             "p50_rows": float(np.percentile(batches, 50)) if batches else 0.0,
+            "mean_forward_rows": float(np.mean(result.forward_rows)) if result.forward_rows else 0.0,
             "cut_reasons": dict(sorted(result.cut_reasons.items())),
             "late_rows_pct": 100.0 * result.late_rows / max(1, sum(w.rows for w in result.workers)),
             "redispatched": result.redispatched,

@@ -90,7 +90,8 @@ class WorkerGroup(_Strict):
     speed: float = Field(default=1.0, gt=0)
     """Relative speed: batch times are divided by it (0.5 = twice slower)."""
     capacity: int = Field(default=2, ge=1)
-    """Batches the router may have in flight on each (the rest queue at the router)."""
+    """Batches each worker holds at once from all routers together (its registration's `capacity`);
+    one router alone keeps at most `router.batches_in_flight_per_worker` (2) on it."""
 
 
 class Noise(_Strict):
@@ -176,6 +177,12 @@ class SimScenario(_Strict):
     """Batch-time noise and stalls."""
     failures: list[Failure] = []
     """Worker crashes and drains."""
+    routers: int = Field(default=1, ge=1, le=64)
+    """Routers sharing the workers; arrivals are spread over them in turn, each runs its own core."""
+    load_report_ms: float = Field(default=250.0, gt=0)
+    """How often every worker reports its load to every router (the real heartbeat interval)."""
+    workers_report_load: bool = True
+    """False: routers see only their own batches on a worker, as before 2026-11-30 (for comparison)."""
     policy: Policy = Policy()
     """The policy of a plain run."""
     variants: list[Variant] = []

@@ -1,10 +1,10 @@
 """Sim vs reality: the same open-loop scenario on a real local cluster and in the simulator.
 
-A real cluster (`cli.cluster.start_cluster`: etcd, a router, N workers) serves the demo `synthetic` model
-(SIMULATED device: t(b) = 5 ms + 0.5 ms·b, batches up to 32, max wait 2 ms; a worker sleeps through each
-batch on its device thread). The load generator (`bench.loadgen.run_scenario`) offers Poisson arrivals;
-the simulator replays the *same* schedule (same seed, rate, duration, class weights) against the same
-profile.
+A real cluster (`common.local_cluster.start_cluster`: etcd, a router, N workers) serves the demo
+`synthetic` model (SIMULATED device: t(b) = 5 ms + 0.5 ms·b, batches up to 32, max wait 2 ms; a worker
+sleeps through each batch on its device thread). The load generator (`bench.loadgen.run_scenario`)
+offers Poisson arrivals; the simulator replays the *same* schedule (same seed, rate, duration, class
+weights) against the same profile.
 
 Calibration, honestly: the simulator knows nothing of gRPC, protobuf, Python thread hand-offs or the
 load generator's own CPU. Two constants stand for all of it, both taken at one low rate
@@ -43,7 +43,7 @@ from bench.loadgen_scenario import parse_scenario
 from bench.sim.engine import simulate
 from bench.sim.plan import plan_run
 from bench.sim.scenario import parse_sim_scenario
-from cli.cluster import Child, free_port, start_cluster, stop_cluster
+from common.local_cluster import Child, free_port, start_cluster, stop_cluster
 
 MAX_WAIT_MS = 2.0
 

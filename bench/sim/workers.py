@@ -1,13 +1,16 @@
-"""Simulated workers: one device each, running one batch at a time, FIFO, like `worker/runner.py`.
+"""Simulated workers: one device each, like `worker/runner.py` — FIFO, merging, bounded, answering once.
 
-Rules (the same as the real runner's):
-- batches run one at a time in the order they arrived; a batch sent while one runs waits on the worker
-  (the router allows `capacity` in flight, so at most capacity - 1 wait);
-- when a batch starts, its items whose deadline has passed are skipped (they come back DEADLINE_EXCEEDED
-  and cost no device time); the rest execute together;
-- a batch of r executed rows takes (a + c·k·r + overhead) / speed x noise (+ a stall now and then), where
-  k is the largest per-item cost among its items (padding: a batch costs as its longest input);
-- a crashed worker runs nothing more: its batches never come back, the router must learn of the loss.
+Rules (the real runner's):
+- batches run one forward at a time in the order they arrived; when the device frees up, the first
+  waiting batch starts, and the batches waiting behind it for the same lane (from any router) join its
+  forward pass up to the model's max batch size — each still gets its own answer;
+- a batch arriving while the worker already holds `capacity` batches is answered at once with every item
+  UNAVAILABLE `worker_busy` (the router places it elsewhere);
+- when a forward starts, its items whose deadline has passed, or that their router told it to drop, are
+  skipped (DEADLINE_EXCEEDED / CANCELLED, no device time); the rest execute together;
+- a forward of r rows takes (a + c·k·r + overhead) / speed x noise (+ a stall now and then), where k is
+  the largest per-item cost among its items (padding: a batch costs as its longest input);
+- a crashed worker runs nothing more: its batches never come back, the routers must learn of the loss.
 The worker draws its noise from its own generator, so adding a worker never changes another's times.
 """
 
@@ -19,25 +22,37 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bench.sim.scenario import ModelSpec, Noise
-from router.policy.dispatcher import Dispatch
+from common.errors import Code
+from router.policy.core import BUSY
 from router.policy.lanes import QueuedRequest
+from router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
 
 
 def class_of(request: QueuedRequest) -> int:
-    """The class index the simulator stores as the request's payload."""
-    assert isinstance(request.payload, int)
-    return request.payload
+    """The class of a simulated request (its payload is (arrival index, class index))."""
+    assert isinstance(request.payload, tuple)
+    cls: int = request.payload[1]
+    return cls
+
+
+@dataclass(frozen=True)
+class Held:
+    """A batch on the worker, and the router it answers to."""
+
+    dispatch: Dispatch
+    router: int
 
 
 @dataclass
 class Running:
-    """The batch on the device: which items it skipped and when it ends."""
+    """The forward on the device: the batches in it, their skipped items, when it ends."""
 
-    dispatch: Dispatch
+    batches: list[Held]
     started: float
     ends: float
-    executed_rows: int
-    skipped: frozenset[int]
+    rows: int
+    skipped: dict[int, int]
+    """item id → status code of items that did not run."""
 
 
 @dataclass
@@ -49,31 +64,71 @@ class SimWorker:
     model: ModelSpec
     noise: Noise
     item_cost: list[float]
-    """Per-item cost of each class; a request's `payload` is its class index (the shell owns payloads)."""
+    """Per-item cost of each class (a request's payload names its class; the shell owns payloads)."""
     rng: random.Random
+    capacity: int
     batch_overhead_s: float = 0.0
     """Per-batch time beyond the profile (calibrated)."""
     alive: bool = True
     draining: bool = False
     running: Running | None = None
-    waiting: deque[Dispatch] = field(default_factory=deque)
-    batches: int = 0
+    waiting: deque[Held] = field(default_factory=deque)
+    dropped: set[int] = field(default_factory=set)
+    forwards: int = 0
     rows: int = 0
     busy_s: float = 0.0
+    forward_rows: list[int] = field(default_factory=list)
+    max_held: int = 0
+    """The most batches it ever held at once (all routers)."""
 
-    def accept(self, dispatch: Dispatch, now: float) -> Running | None:
-        """A batch arrives; returns the batch that started now, if the device was idle."""
+    @property
+    def held(self) -> int:
+        """Batches it holds: waiting and running."""
+        return len(self.waiting) + (len(self.running.batches) if self.running else 0)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting."""
+        return self.running is None and not self.waiting
+
+    def accept(
+        self, dispatch: Dispatch, router: int, now: float
+    ) -> tuple[Running | None, BatchAnswer | None]:
+        """A batch arrives: the forward that started now (if the device was idle), or the immediate
+        `worker_busy` answer when the worker is full."""
         if not self.alive:
-            return None  # lost: the router learns it when it notices the crash
-        self.waiting.append(dispatch)
-        return self._start_next(now) if self.running is None else None
+            return None, None  # lost: the routers learn it when they notice the crash
+        if self.held >= self.capacity:
+            busy = {r.request_id: ItemAnswer(r.request_id, int(Code.UNAVAILABLE), "worker full", reason=BUSY)
+                    for r in dispatch.requests}  # fmt: skip
+            return None, BatchAnswer(dispatch.batch_id, busy, 0, 0.0, self.held)
+        self.waiting.append(Held(dispatch, router))
+        self.max_held = max(self.max_held, self.held)
+        return (self._start_next(now) if self.running is None else None), None
+
+    def drop(self, item_ids: list[int]) -> None:
+        """A router no longer wants these items (skipped if they have not started)."""
+        self.dropped.update(item_ids)
 
     def finish(self, now: float) -> tuple[Running, Running | None]:
-        """The running batch ends at `now`; returns it and the batch that started next, if any."""
+        """The running forward ends at `now`; returns it and the forward that started next, if any."""
         done = self.running
         assert done is not None and math.isclose(done.ends, now)
         self.running = None
         return done, self._start_next(now)
+
+    def answers(self, done: Running) -> list[tuple[int, BatchAnswer]]:
+        """Each batch of a finished forward, answered to its router: (router, answer)."""
+        execute_s = done.ends - done.started
+        out = []
+        for held in done.batches:
+            items = {}
+            for request in held.dispatch.requests:
+                code = done.skipped.get(request.request_id, 0)
+                items[request.request_id] = ItemAnswer(request.request_id, code, outputs=None)
+            answer = BatchAnswer(held.dispatch.batch_id, items, done.rows, execute_s, self.held)
+            out.append((held.router, answer))
+        return out
 
     def crash(self) -> None:
         """The device is gone with everything on it."""
@@ -81,23 +136,37 @@ class SimWorker:
         self.running = None
         self.waiting.clear()
 
-    @property
-    def idle(self) -> bool:
-        """Nothing running or waiting."""
-        return self.running is None and not self.waiting
-
     def _start_next(self, now: float) -> Running | None:
         if not self.waiting:
             return None
-        dispatch = self.waiting.popleft()
-        live = [r for r in dispatch.requests if r.deadline > now]
-        skipped = frozenset(r.request_id for r in dispatch.requests if r.deadline <= now)
-        rows = sum(r.rows for r in live)
-        seconds = self._seconds(rows, max((self.item_cost[class_of(r)] for r in live), default=1.0))
-        self.running = Running(dispatch, now, now + seconds, rows, skipped)
-        self.batches += 1
-        self.rows += rows
+        first = self.waiting.popleft()
+        batches = [first]
+        rows = first.dispatch.rows
+        while self.waiting and self.waiting[0].dispatch.lane == first.dispatch.lane:
+            following = self.waiting[0].dispatch.rows
+            if rows + following > self.model.max_batch_size:
+                break
+            batches.append(self.waiting.popleft())
+            rows += following
+        skipped: dict[int, int] = {}
+        live = []
+        for held in batches:
+            for request in held.dispatch.requests:
+                if request.request_id in self.dropped:
+                    self.dropped.discard(request.request_id)
+                    skipped[request.request_id] = int(Code.CANCELLED)
+                elif request.deadline <= now:
+                    skipped[request.request_id] = int(Code.DEADLINE_EXCEEDED)
+                else:
+                    live.append(request)
+        executed = sum(r.rows for r in live)
+        cost = max((self.item_cost[class_of(r)] for r in live), default=1.0)
+        seconds = self._seconds(executed, cost)
+        self.running = Running(batches, now, now + seconds, executed, skipped)
+        self.forwards += 1
+        self.rows += executed
         self.busy_s += seconds
+        self.forward_rows.append(executed)
         return self.running
 
     def _seconds(self, rows: int, item_cost: float) -> float:

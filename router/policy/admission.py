@@ -7,9 +7,10 @@ Checks, in order (each failure is explicit, typed and carries the right retry se
    (learned online, times `estimate_margin`). Not even an idle system could make it → INVALID_ARGUMENT
    (never retry as is); only the current queue makes it impossible → UNAVAILABLE with the estimated
    queue drain time as the hint;
-3. queue bounds, in the dispatcher — evict less important work or refuse (UNAVAILABLE, drain-time hint).
+3. queue bounds, in the core's queues — evict less important work or refuse (UNAVAILABLE, drain-time
+   hint).
 An admitted request gets its `latest_start` = deadline - estimated execution time (minus one full batch
-the worker may be running ahead of it, when the budget allows); the dispatcher sheds it with UNAVAILABLE
+the worker may be running ahead of it, when the budget allows); the core sheds it with UNAVAILABLE
 if it is still queued then, rather than executing it late.
 
 With admission disabled (`admission.enabled: false`) every check is skipped and queues are unbounded: the
@@ -18,10 +19,13 @@ baseline our overload figures compare against.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from common.config import AdmissionSettings, TenantSettings
-from common.errors import InvalidArgument, SluiceError, Unavailable
-from router.policy.dispatcher import Dispatcher, QueueBounds, Rejections
-from router.policy.lanes import LaneLimits, QueuedRequest
+from common.errors import InvalidArgument, Unavailable
+from router.policy.estimators import ServiceEstimates
+from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from router.policy.queues import QueueBounds
 from router.policy.ratelimit import Quota, RateLimiter
 
 AUDIT_TENANT = "__audit__"
@@ -42,24 +46,35 @@ def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:
 
 
 def queue_bounds(settings: AdmissionSettings) -> QueueBounds | None:
-    """The dispatcher's bounds for these settings (None: unbounded baseline)."""
+    """The queue bounds for these settings (None: unbounded baseline)."""
     if not settings.enabled:
         return None
     return QueueBounds(settings.lane_max_queued, settings.max_queued_bytes)
 
 
-class AdmissionController:
-    """Quotas and deadline feasibility in front of the dispatcher."""
+class QueueView(Protocol):
+    """What admission reads of the queues and workers (the router core)."""
 
-    def __init__(
-        self,
-        settings: AdmissionSettings,
-        tenants: dict[str, TenantSettings],
-        dispatcher: Dispatcher,
-        now: float,
-    ) -> None:
+    estimates: ServiceEstimates
+
+    def rows_ahead(self, key: LaneKey, priority: int) -> int:
+        """Rows queued in the lane at this priority or better."""
+        ...
+
+    def workers_full(self, key: LaneKey) -> bool:
+        """Whether every worker serving the lane's version is busy (none could take a batch now)."""
+        ...
+
+    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
+        """Estimated time for the lane's workers to work through `rows` (default: the whole lane)."""
+        ...
+
+
+class AdmissionController:
+    """Quotas and deadline feasibility in front of the queues."""
+
+    def __init__(self, settings: AdmissionSettings, tenants: dict[str, TenantSettings], now: float) -> None:
         self.settings = settings
-        self.dispatcher = dispatcher
         glob = Quota(settings.global_rate, settings.global_burst) if settings.global_rate else None
         self.limiter = RateLimiter(_quotas(tenants), glob, now)
 
@@ -67,62 +82,64 @@ class AdmissionController:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
         self.limiter.set_quotas(_quotas(tenants), now)
 
-    def execution_seconds(self, request: QueuedRequest) -> float:
+    def execution_seconds(self, request: QueuedRequest, estimates: ServiceEstimates) -> float:
         """Estimated execution time of the request's batch, with the safety margin."""
         key = request.lane
-        seconds = self.dispatcher.estimates.batch_seconds(
-            key.model, key.version, request.rows, shape=key.shape
-        )
+        seconds = estimates.batch_seconds(key.model, key.version, request.rows, shape=key.shape)
         return seconds * self.settings.estimate_margin
 
-    def queue_wait_seconds(self, request: QueuedRequest) -> float:
-        """Estimated wait before the request's batch can start, at its priority, under current load."""
-        dispatcher = self.dispatcher
+    def queue_wait_seconds(self, request: QueuedRequest, view: QueueView, limits: LaneLimits) -> float:
+        """Estimated wait before the request's batch can start, at its priority, under current load
+        (other routers' batches on the workers included: they make the workers full)."""
         key = request.lane
-        lane = dispatcher.lanes.get(key)
-        ahead = 0 if lane is None else lane.rows_ahead_of(request.priority)
-        workers = dispatcher.workers.serving(key.model, key.version)
-        busy = workers and not any(w.has_free_slot for w in workers)
+        ahead = view.rows_ahead(key, request.priority)
+        busy = view.workers_full(key)
         if not ahead and not busy:
             return 0.0
-        wait = dispatcher.drain_seconds(key, ahead) if ahead else 0.0
+        wait = view.drain_seconds(key, ahead) if ahead else 0.0
         if busy:
-            batch = lane.limits.max_batch_size if lane is not None else request.rows
-            wait += dispatcher.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
+            wait += view.estimates.batch_seconds(
+                key.model, key.version, limits.max_batch_size, shape=key.shape
+            )
         return wait
 
-    def admit(self, request: QueuedRequest, limits: LaneLimits, now: float) -> Rejections:
-        """Queue the request or raise; returns requests evicted to make room (each with its error)."""
+    def admit(self, request: QueuedRequest, limits: LaneLimits, now: float, view: QueueView) -> None:
+        """Take the request's quota and set its latest start, or raise (nothing taken). The caller queues
+        it next, and calls `release` once it ends."""
         if not self.settings.enabled:
             request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
-            return self.dispatcher.submit(request, limits)
-        execution = self.execution_seconds(request)
+            return
+        execution = self.execution_seconds(request, view.estimates)
         self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
         try:
-            self._check_deadline(request, execution, now)
-            request.latest_start = self._latest_start(request, limits, execution, now)
-            return self.dispatcher.submit(request, limits)
-        except SluiceError:
+            self._check_deadline(request, execution, now, view, limits)
+        except BaseException:
             self.limiter.release(request.tenant)
             raise
+        request.admitted = True
+        request.latest_start = self._latest_start(request, limits, execution, now, view.estimates)
 
     def _latest_start(
-        self, request: QueuedRequest, limits: LaneLimits, execution: float, now: float
+        self,
+        request: QueuedRequest,
+        limits: LaneLimits,
+        execution: float,
+        now: float,
+        estimates: ServiceEstimates,
     ) -> float:
         """When the request must leave the queue: it may ride in a full batch and a worker may hold one more
         full batch ahead of it (two in flight), so budget for both, and keep a reserve for the answer's way
         back — unless only an immediate start can make the deadline. (Budgeting only its own rows let the
         simulator's overloaded workers finish 3-7 % of requests after their deadline.)"""
         key = request.lane
-        full = self.dispatcher.estimates.batch_seconds(
-            key.model, key.version, limits.max_batch_size, shape=key.shape
-        )
+        full = estimates.batch_seconds(key.model, key.version, limits.max_batch_size, shape=key.shape)
         reserve = max(MIN_RESERVE_S, RESERVE_FRACTION * (request.deadline - request.arrival))
-        # It may ride in a full batch, behind one more full batch on the worker.
         conservative = request.deadline - 2 * full * self.settings.estimate_margin - reserve
         return conservative if conservative > now else request.deadline - execution
 
-    def _check_deadline(self, request: QueuedRequest, execution: float, now: float) -> None:
+    def _check_deadline(
+        self, request: QueuedRequest, execution: float, now: float, view: QueueView, limits: LaneLimits
+    ) -> None:
         budget = request.deadline - now
         if budget < execution:
             raise InvalidArgument(
@@ -130,7 +147,7 @@ class AdmissionController:
                 f"(~{execution * 1000:.1f} ms for {request.rows} row(s))",
                 reason="deadline_too_short",
             )
-        wait = self.queue_wait_seconds(request)
+        wait = self.queue_wait_seconds(request, view, limits)
         if budget < execution + wait:
             raise Unavailable(
                 f"deadline of {budget * 1000:.1f} ms cannot be met at the current load "
@@ -140,6 +157,7 @@ class AdmissionController:
             )
 
     def release(self, request: QueuedRequest) -> None:
-        """The request has ended (any outcome): free its in-flight slot."""
-        if self.settings.enabled:
+        """The request has ended (any outcome): free its in-flight slot, once."""
+        if request.admitted:
+            request.admitted = False
             self.limiter.release(request.tenant)

@@ -7,7 +7,8 @@ waited `max_wait`, or when the receiving worker is idle (work-conserving); never
 budget.
 
 `AdaptiveBatcher` — sets a target batch size per lane from the latency model t(n) = a + b·n, the lane's
-arrival rate λ and the number of workers W serving it:
+arrival rate λ and this router's share W of the workers serving it (W = workers / routers: with N routers
+behind a balancer, each sees about 1/N of the traffic and shares every worker with the others):
 - **keep-up size**: the batch that fills while the previous one runs, n = μ·t(n) with μ = λ/W, i.e.
   n* = μ·a / (1 - μ·b) (the full batch when μ·b ≥ 1: the lane is overloaded). Smaller batches waste a
   on every few items and fall behind; larger ones only add waiting.
@@ -56,7 +57,8 @@ class BatchContext:
     now: float
     worker_idle: bool
     batch_seconds: BatchSeconds = _no_estimate
-    workers: int = 1
+    workers: float = 1.0
+    """This router's share of the workers serving the lane (workers / live routers)."""
     stats: LaneStats = field(default_factory=LaneStats)
     worker_free_at: float = 0.0
     """When the receiving worker is expected to finish what it already holds (≤ now when idle)."""
@@ -71,9 +73,11 @@ class Cut:
 
 @dataclass(frozen=True)
 class WakeAt:
-    """Nothing to do before `when` unless an event arrives."""
+    """Nothing to do before `when` unless an event arrives — and an arrival changes nothing either until
+    the lane holds `rows` rows (so the core need not ask again on every arrival)."""
 
     when: float
+    rows: int
 
 
 class Batcher(Protocol):
@@ -117,7 +121,7 @@ class TimerBatcher:
             cut_by = min(cut_by, bound)
         if ctx.worker_idle:
             return Cut("idle_worker")
-        return WakeAt(cut_by)
+        return WakeAt(cut_by, lane.limits.max_batch_size)
 
 
 def latency_line(batch_seconds: BatchSeconds, max_batch: int) -> tuple[float, float]:
@@ -127,10 +131,10 @@ def latency_line(batch_seconds: BatchSeconds, max_batch: int) -> tuple[float, fl
     return max(0.0, t1 - b), b
 
 
-def keep_up_size(rows_per_s: float, workers: int, batch_seconds: BatchSeconds, max_batch: int) -> int:
+def keep_up_size(rows_per_s: float, workers: float, batch_seconds: BatchSeconds, max_batch: int) -> int:
     """The batch that fills while the previous one runs on each of `workers`: n* = μa / (1 - μb)."""
     a, b = latency_line(batch_seconds, max_batch)
-    per_worker = rows_per_s / max(1, workers)
+    per_worker = rows_per_s / max(1e-9, workers)
     if per_worker * b >= 1.0:
         return max_batch
     return max(1, min(max_batch, math.ceil(per_worker * a / (1.0 - per_worker * b))))
@@ -147,7 +151,7 @@ class AdaptiveBatcher:
         if keep_up >= limit:
             return limit
         a, b = latency_line(ctx.batch_seconds, limit)
-        busy = rate / max(1, ctx.workers) * (a / keep_up + b)
+        busy = rate / max(1e-9, ctx.workers) * (a / keep_up + b)
         bound = _budget_bound(lane, ctx)
         if ctx.stats.healthy and busy < UNDERUSED_BELOW and bound is not None and rate > 0:
             allowance = min(lane.limits.max_wait_s, HEADROOM_FRACTION * max(0.0, bound - ctx.now))
@@ -167,7 +171,7 @@ class AdaptiveBatcher:
         if not ctx.worker_idle and ctx.now < hold_until:
             # The worker is busy: a batch sent now would only wait there. Keep collecting (a fuller batch,
             # and the choice of worker stays open) until just before it is free, or the budget says go.
-            return WakeAt(hold_until if bound is None else min(hold_until, bound))
+            return WakeAt(hold_until if bound is None else min(hold_until, bound), limits.max_batch_size)
         target = self.target(lane, ctx)
         if lane.rows >= target:
             return Cut("target")
@@ -179,4 +183,4 @@ class AdaptiveBatcher:
         cut_by = min(give_up, filled_at, bound if bound is not None else math.inf)
         if ctx.worker_idle and filled_at > min(give_up, bound if bound is not None else math.inf):
             return Cut("idle_worker")
-        return WakeAt(cut_by)
+        return WakeAt(cut_by, target)

@@ -1,6 +1,8 @@
 """Online estimates of batch execution time, t(n) = a + b·n per model version.
 
-Workers report every batch's forward time and size; each model version keeps an exponentially weighted
+The router core measures every batch as the router sees it — from when the worker could start it to its
+answer, or the worker's reported forward time if longer (router/policy/core.py, `_learn`) — with its
+size; each model version (and each lane shape, and each worker) keeps an exponentially weighted
 least-squares fit so the estimate follows drift (a GPU warming up, a noisy neighbour) within a few dozen
 batches. Until enough distinct batch sizes were seen, the fit is seeded from the worker's warm-up timings.
 Estimates are conservative where it matters: `a` and `b` never go negative, and admission multiplies by a
@@ -48,18 +50,27 @@ class LatencyModel:
     live: _Sums = field(default_factory=_Sums)
     prior: _Sums = field(default_factory=_Sums)
     observations: int = 0
+    _fitted: tuple[float, float] | None = None
+    """(a, b) as of the last point added: the core asks many times per batch, points come once."""
 
     def observe(self, rows: int, seconds: float, weight: float = 1.0) -> None:
         """Add one (batch size, duration) point."""
         self.live.add(rows, seconds, weight, DECAY)
         self.observations += 1
+        self._fitted = None
 
     def anchor(self, rows: int, seconds: float) -> None:
         """Add a warm-up point to the prior that never decays."""
         self.prior.add(rows, seconds, PRIOR_WEIGHT)
+        self._fitted = None
 
     def coefficients(self) -> tuple[float, float]:
         """(a, b) of t(n) = a + b·n; with one distinct size, all of t is charged to the fixed cost a."""
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> tuple[float, float]:
         w = self.live.w + self.prior.w
         if w == 0:
             return DEFAULT_SECONDS, 0.0
@@ -143,7 +154,3 @@ class ServiceEstimates:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
         for key in [k for k in self._workers if k[3] == worker]:
             del self._workers[key]
-
-    def model(self, model: str, version: str) -> LatencyModel | None:
-        """The fit for one version, if any."""
-        return self._models.get((model, version))

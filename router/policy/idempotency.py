@@ -4,9 +4,9 @@ A record lives under `scoped_key(tenant, key)` and is in exactly one of two stat
 - IN_FLIGHT: one caller (the owner, named by a random token) is executing the request. It holds a *lease*
   (the request's deadline plus a margin); once the lease ends the record is dead, so an owner that crashed
   blocks its key for at most one lease.
-- COMPLETED: the outcome (a response, or a terminal error's code and message) is stored until the record's
+- COMPLETED: the outcome (a result, or a terminal error's code and message) is stored until the record's
   TTL (default 24 h) ends, and replayed to every later caller with the same fingerprint — even after a new
-  model version rolled out, because the stored response names the version that produced it.
+  model version rolled out, because the stored result names the version that produced it.
 
 Decisions (`decide`): no live record → Proceed (become the owner); a live record with another fingerprint →
 Conflict (FAILED_PRECONDITION: the key was reused for a different request); same fingerprint → Wait while
@@ -59,7 +59,9 @@ RELEASE_CODES: frozenset[Code] = frozenset(
 INTERNAL, PERMISSION_DENIED, FAILED_PRECONDITION, ...) — is stored and replayed."""
 
 _SCOPE_TAG = b"sluice/idempotency-key/1"
-_RECORD_MAGIC = b"SLI1"
+_RECORD_MAGIC = b"SLI2"
+"""Format 2 stores successes as `sluice.v1.StoredResult` (format 1 held KServe responses); a record of
+another format does not decode, so no router ever replays bytes it would misread."""
 _U16 = struct.Struct(">H")
 
 
@@ -71,10 +73,11 @@ class State(enum.Enum):
 
 
 @dataclass(frozen=True)
-class StoredResponse:
-    """A successful outcome: the serialized response and the model version that produced it."""
+class StoredSuccess:
+    """A successful outcome: the stored result (`router/stored_results.py`; opaque here) and the model
+    version that produced it."""
 
-    response_bytes: bytes
+    result_bytes: bytes
     model_version: str
 
 
@@ -86,7 +89,7 @@ class StoredError:
     message: str
 
 
-StoredOutcome = StoredResponse | StoredError
+StoredOutcome = StoredSuccess | StoredError
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class Conflict:
     """The key is held for a different request."""
 
 
-Decision = Proceed | Wait | Replay | Conflict
+ClaimDecision = Proceed | Wait | Replay | Conflict
 
 
 def validate_key(key: str) -> str:
@@ -179,7 +182,7 @@ def is_live(record: Record, now: float) -> bool:
     return now < record.until
 
 
-def decide(existing: Record | None, *, ticket: Ticket, now: float) -> Decision:
+def decide(existing: Record | None, *, ticket: Ticket, now: float) -> ClaimDecision:
     """The outcome of a claim by `ticket` (fingerprint + a fresh token) against the current record."""
     if existing is None or not is_live(existing, now):
         return Proceed(ticket)
@@ -264,8 +267,8 @@ def _lp(data: bytes) -> bytes:
 def _encode_outcome(outcome: StoredOutcome | None) -> bytes:
     if outcome is None:
         return b"-"
-    if isinstance(outcome, StoredResponse):
-        return b"R" + _lp(outcome.model_version.encode()) + outcome.response_bytes
+    if isinstance(outcome, StoredSuccess):
+        return b"R" + _lp(outcome.model_version.encode()) + outcome.result_bytes
     return b"E" + _U16.pack(outcome.code) + outcome.message.encode()[: MAX_STORED_MESSAGE * 4]
 
 
@@ -305,7 +308,7 @@ def _decode_outcome(reader: _Reader) -> StoredOutcome | None:
         return None
     if kind == b"R":
         version = reader.prefixed().decode()
-        return StoredResponse(response_bytes=reader.rest(), model_version=version)
+        return StoredSuccess(result_bytes=reader.rest(), model_version=version)
     if kind == b"E":
         code = reader.u16()
         return StoredError(code=code, message=reader.rest().decode(errors="replace"))
@@ -342,8 +345,8 @@ def record_bytes(scoped_key: str, record: Record) -> int:
     """What a record costs in memory: its key, fingerprint, owner and stored outcome, plus bookkeeping."""
     outcome = record.outcome
     payload = 0
-    if isinstance(outcome, StoredResponse):
-        payload = len(outcome.response_bytes) + len(outcome.model_version)
+    if isinstance(outcome, StoredSuccess):
+        payload = len(outcome.result_bytes) + len(outcome.model_version)
     elif isinstance(outcome, StoredError):
         payload = len(outcome.message)
     return RECORD_OVERHEAD_BYTES + len(scoped_key) + len(record.fingerprint) + len(record.owner) + payload
@@ -392,7 +395,7 @@ class IdempotencyTable:
             return None
         return entry[0]
 
-    def claim(self, ticket: Ticket, now: float, lease_s: float) -> Decision:
+    def claim(self, ticket: Ticket, now: float, lease_s: float) -> ClaimDecision:
         """Decide, and on Proceed write the in-flight record."""
         decision = decide(self.lookup(ticket.scoped_key, now), ticket=ticket, now=now)
         if isinstance(decision, Proceed):

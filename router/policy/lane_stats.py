@@ -18,7 +18,7 @@ HEALTHY_BELOW = 0.4
 UNHEALTHY_ABOVE = 0.6
 
 
-@dataclass
+@dataclass(slots=True)
 class LaneStats:
     """Arrival rate and latency health of one lane."""
 

@@ -26,11 +26,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, order=True)
-class LaneKey:
-    """What makes requests batch-compatible."""
+class LaneKey(NamedTuple):
+    """What makes requests batch-compatible. A tuple, so hashing it (a dictionary lookup or two per request)
+    runs in C."""
 
     model: str
     version: str
@@ -54,7 +55,7 @@ class LaneLimits:
     the worker (the cluster's message limit)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class QueuedRequest:
     """One admitted request as the core sees it; `payload` belongs to the shell and is never inspected."""
 
@@ -76,21 +77,23 @@ class QueuedRequest:
     """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
     """The last moment its batch may start and still finish by the deadline (admission sets it)."""
-    overdue: bool = False
-    """Dispatched, and its deadline passed before the worker answered: it has been ended already."""
+    admitted: bool = False
+    """It holds an admission slot (in-flight quota) until it ends."""
+    ended: bool = False
+    """It has been settled (result, error, or the client went away): later news about it is ignored."""
 
     def __post_init__(self) -> None:
         self.latest_start = min(self.latest_start, self.deadline)
 
 
-@dataclass
+@dataclass(slots=True)
 class _TenantQueue:
     heap: list[tuple[float, int, QueuedRequest]] = field(default_factory=list)
     finish: float = 0.0
     live: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Level:
     tenants: dict[str, _TenantQueue] = field(default_factory=dict)
     arrivals: OrderedDict[int, QueuedRequest] = field(default_factory=OrderedDict)
@@ -166,6 +169,16 @@ class Lane:
         while self._latest and self._latest[0][1] not in self._requests:
             heapq.heappop(self._latest)
         return self._latest[0][0] if self._latest else None
+
+    def pop_late(self, now: float) -> list[QueuedRequest]:
+        """Take out every request whose latest start has come: it can no longer make its deadline."""
+        late = []
+        while (soonest := self.earliest_latest_start()) is not None and soonest <= now:
+            _, request_id = heapq.heappop(self._latest)
+            request = self.remove(request_id)
+            if request is not None:
+                late.append(request)
+        return late
 
     def _standing(self, priority: int, level: _Level, now: float) -> tuple[float, int]:
         oldest = next(iter(level.arrivals.values()))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from common.errors import ResourceExhausted
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenBucket:
     """`rate` tokens per second up to `burst`; `try_take` spends one if available."""
 

@@ -6,7 +6,7 @@ Invariants:
   value and a fixed bookkeeping overhead. A value too large to ever fit is refused, not stored.
 - `get` never returns an entry at or past its expiry; expired entries are dropped when met.
 - Eviction is least-recently-used: `get` and `put` both mark an entry as used.
-- An entry blob embeds a SHA-256 over (its cache key, model, version, response bytes). `decode_entry`
+- An entry blob embeds a SHA-256 over (its cache key, model, version, result bytes). `decode_entry`
   recomputes it, so a value stored under another key (a bug, a copy-paste in redis-cli, a key collision in
   a shared Redis) or a truncated/corrupted value is rejected and the caller treats it as a miss. With a
   `secret` the digest is an HMAC, which also stops anyone who can write to Redis but lacks the secret from
@@ -31,9 +31,11 @@ ENTRY_OVERHEAD_BYTES = 128
 """Approximate per-entry cost of the dict slot, the record and the key object, charged against capacity
 so many tiny entries cannot exceed the memory bound the operator configured."""
 
-_MAGIC = b"SLC1"
+_MAGIC = b"SLC2"
+"""Format 2 holds `sluice.v1.StoredResult` (format 1 held KServe responses): an entry of another format is
+rejected, i.e. a miss, and the next put replaces it."""
 _DIGEST_LEN = 32
-_ENTRY_TAG = b"sluice/cache-entry/1"
+_ENTRY_TAG = b"sluice/cache-entry/2"
 _HEADER = struct.Struct(">H")
 
 
@@ -141,16 +143,17 @@ class ByteLRU:
 
 
 @dataclass(frozen=True)
-class CachedResponse:
-    """A verified cache entry: the serialized response, and the model and version that produced it."""
+class CachedResult:
+    """A verified cache entry: the stored result (`router/stored_results.py`; opaque here), and the model
+    and version that produced it."""
 
-    response_bytes: bytes
+    result_bytes: bytes
     model: str
     model_version: str
 
 
-def _entry_digest(key: str, model: str, model_version: str, response_bytes: bytes, secret: bytes) -> bytes:
-    parts = (_ENTRY_TAG, key.encode(), model.encode(), model_version.encode(), response_bytes)
+def _entry_digest(key: str, model: str, model_version: str, result_bytes: bytes, secret: bytes) -> bytes:
+    parts = (_ENTRY_TAG, key.encode(), model.encode(), model_version.encode(), result_bytes)
     material = b"".join(struct.pack(">Q", len(p)) + p for p in parts)
     if secret:
         return hmac.new(secret, material, hashlib.sha256).digest()
@@ -158,13 +161,13 @@ def _entry_digest(key: str, model: str, model_version: str, response_bytes: byte
 
 
 def encode_entry(
-    key: str, response_bytes: bytes, model_version: str, *, model: str, secret: bytes = b""
+    key: str, result_bytes: bytes, model_version: str, *, model: str, secret: bytes = b""
 ) -> bytes:
     """The stored value: magic, a digest binding it to `key`, the model and version (so a purge can find
-    copies promoted from Redis), then the response bytes."""
-    digest = _entry_digest(key, model, model_version, response_bytes, secret)
+    copies promoted from Redis), then the result bytes."""
+    digest = _entry_digest(key, model, model_version, result_bytes, secret)
     names = b"".join(_HEADER.pack(len(b)) + b for b in (model.encode(), model_version.encode()))
-    return _MAGIC + digest + names + response_bytes
+    return _MAGIC + digest + names + result_bytes
 
 
 def _split_names(blob: bytes, at: int) -> tuple[str, str, int] | None:
@@ -184,7 +187,7 @@ def _split_names(blob: bytes, at: int) -> tuple[str, str, int] | None:
     return names[0], names[1], at
 
 
-def decode_entry(key: str, blob: bytes, *, secret: bytes = b"") -> CachedResponse | None:
+def decode_entry(key: str, blob: bytes, *, secret: bytes = b"") -> CachedResult | None:
     """The entry in `blob` if it is well formed and was written for `key`; None otherwise (a miss)."""
     head = len(_MAGIC) + _DIGEST_LEN
     if len(blob) < head or not blob.startswith(_MAGIC):
@@ -193,11 +196,11 @@ def decode_entry(key: str, blob: bytes, *, secret: bytes = b"") -> CachedRespons
     if split is None:
         return None
     model, version, at = split
-    response = blob[at:]
+    result = blob[at:]
     digest = blob[len(_MAGIC) : head]
-    if not hmac.compare_digest(digest, _entry_digest(key, model, version, response, secret)):
+    if not hmac.compare_digest(digest, _entry_digest(key, model, version, result, secret)):
         return None
-    return CachedResponse(response_bytes=response, model=model, model_version=version)
+    return CachedResult(result_bytes=result, model=model, model_version=version)
 
 
 def purge_tag(model: str, version: str | None = None) -> str:

@@ -8,7 +8,7 @@ Invariants:
 - Every value read, from either tier, is verified against its key (`decode_entry`); a rejected value is a
   miss and is counted in `rejected`.
 - A tier-2 hit is promoted to tier 1 for no longer than its remaining Redis TTL.
-- Redis sees only digests and outputs: entry keys are cache-key digests, values are response bytes plus
+- Redis sees only digests and outputs: entry keys are cache-key digests, values are stored results plus
   digests, and the per-model index names models and versions by their SHA-256 only.
 
 Redis layout (`P` = prefix, default "sluice:"):
@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
 from common.errors import Unavailable
-from router.policy.result_cache import ByteLRU, CachedResponse, decode_entry, encode_entry, purge_tag
+from router.policy.result_cache import ByteLRU, CachedResult, decode_entry, encode_entry, purge_tag
 from router.stores.redis_conn import REDIS_ERRORS, Outage
 
 _PUT_SCRIPT = """
@@ -136,7 +136,7 @@ class ResultCacheStore:
         """Count a request that skipped the cache (`parameters["cache"]=false`)."""
         self._bypasses += 1
 
-    async def get(self, key: str) -> CachedResponse | None:
+    async def get(self, key: str) -> CachedResult | None:
         """The verified entry for `key` from tier 1, else tier 2 (promoted), else None. Never raises."""
         entry = self._get_memory(key)
         if entry is not None:
@@ -149,9 +149,9 @@ class ResultCacheStore:
         self._hits_redis += 1
         return entry
 
-    async def put(self, key: str, response_bytes: bytes, *, model: str, model_version: str) -> None:
+    async def put(self, key: str, result_bytes: bytes, *, model: str, model_version: str) -> None:
         """Store a result in both tiers. Never raises."""
-        blob = encode_entry(key, response_bytes, model_version, model=model, secret=self._secret)
+        blob = encode_entry(key, result_bytes, model_version, model=model, secret=self._secret)
         self._memory.put(key, blob, self._clock.now(), tag=purge_tag(model, model_version))
         self._puts += 1
         await self._put_redis(key, blob, model, model_version)
@@ -180,7 +180,7 @@ class ResultCacheStore:
     def _index_key(self, model: str) -> str:
         return f"{self._prefix}cache-index:{_sha(model)}"
 
-    def _get_memory(self, key: str) -> CachedResponse | None:
+    def _get_memory(self, key: str) -> CachedResult | None:
         blob = self._memory.get(key, self._clock.now())
         if blob is None:
             return None
@@ -190,7 +190,7 @@ class ResultCacheStore:
             self._rejected += 1
         return entry
 
-    async def _get_redis(self, key: str) -> CachedResponse | None:
+    async def _get_redis(self, key: str) -> CachedResult | None:
         if self._redis is None or self.outage.skipping():
             return None
         try:

@@ -21,7 +21,8 @@ are short and, after a failure, Redis is skipped for a back-off. `complete` and 
 owner already has its answer, so a lost write only means a later duplicate waits out the lease and
 executes again.
 
-`acquire` is the loop the servicer runs: claim, wait while another caller executes, claim again.
+`acquire` is the loop the idempotency gate runs for the data plane: claim, wait while another caller
+executes, claim again.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from router.policy.idempotency import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
     DEFAULT_RECORD_TTL_S,
+    ClaimDecision,
     Conflict,
-    Decision,
     IdempotencyTable,
     Pending,
     Proceed,
@@ -88,7 +89,7 @@ class IdempotencyStats:
     releases: int = 0
     store_errors: int = 0
 
-    def count(self, decision: Decision) -> None:
+    def count(self, decision: ClaimDecision) -> None:
         """Count one claim's decision."""
         if isinstance(decision, Proceed):
             self.proceeds += 1
@@ -105,7 +106,9 @@ class IdempotencyStore(Protocol):
 
     stats: IdempotencyStats
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
+    async def claim(
+        self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = ""
+    ) -> ClaimDecision:
         """Proceed (now the owner for `lease_s`), Wait, Replay or Conflict; `tenant` owns the record."""
         ...
 
@@ -179,7 +182,9 @@ class InProcessIdempotencyStore:
         self._clock = clock or MonotonicClock()
         self._changed: dict[str, asyncio.Event] = {}
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
+    async def claim(
+        self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = ""
+    ) -> ClaimDecision:
         """See `IdempotencyStore.claim`."""
         ticket = new_ticket(scoped_key, fingerprint, tenant)
         decision = self.table.claim(ticket, self._clock.now(), lease_s)
@@ -262,7 +267,9 @@ class RedisIdempotencyStore:
         """The Redis key (and pub/sub channel) of a record."""
         return f"{self._prefix}idem:{scoped_key}"
 
-    async def claim(self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = "") -> Decision:
+    async def claim(
+        self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = ""
+    ) -> ClaimDecision:
         """One atomic SET NX PX GET; see `IdempotencyStore.claim`. Unavailable when Redis is down (Redis
         bounds its memory itself: `maxmemory` with a TTL-aware eviction policy, docs/security.md)."""
         self._check_up()
@@ -275,7 +282,7 @@ class RedisIdempotencyStore:
         except REDIS_ERRORS as exc:
             raise self._down(exc) from exc
         self.outage.succeeded()
-        decision: Decision = (
+        decision: ClaimDecision = (
             Proceed(ticket) if old is None else decide(self._parse(old), ticket=ticket, now=0.0)
         )
         self.stats.count(decision)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import free_port
+from common.local_cluster import free_port
 from tests.support.processes import find_pids, wait_until
 
 

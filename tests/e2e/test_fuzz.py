@@ -28,7 +28,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.cluster import free_port
+from common.local_cluster import free_port
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from router.policy.tenants import hash_api_key

@@ -18,11 +18,12 @@ pytestmark = pytest.mark.e2e
 RSS_GROWTH_BOUND_MB = 64
 """Stated bound on the router's resident-memory growth over a 20 s overload (measured: ~10 MB)."""
 CLIENT_SIDE_EXPIRY_TOLERANCE = 0.001
-"""Share of a class's requests the client may see end late — its own gRPC deadline firing first, or an OK
-that the router sent before the deadline it set but that reached the client after the client's: the load
+"""Share of a class's requests that may end at their deadline rather than early — the client's own gRPC
+deadline firing first, the router's answer ready a hair after the deadline it set (DEADLINE_EXCEEDED), or
+an OK that the router sent in time but that reached the client after the client's deadline: the load
 generator shares two cores with the cluster and sometimes reads an answer late (measured: 0-3 in
 ~11,000). The router's own promise, never OK after the deadline it set, is exact and tested where it is
-made (tests/unit/router/test_driver.py, router/servicer.py's last check)."""
+made (tests/unit/router/test_driver.py, router/dataplane.py's last check)."""
 
 
 def _class(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -48,15 +49,15 @@ def test_gold_keeps_its_goodput(admitted: dict[str, Any]) -> None:
 def test_every_bronze_request_ends_ok_or_told_early_with_a_hint(admitted: dict[str, Any]) -> None:
     bronze = _class(admitted, "bronze")
     assert bronze["ok"] > 0
-    client_side = 0
+    expired = 0
     for status, count in bronze["rejected_by_status"].items():
-        code, reason = status.split("/")
-        if code == "DEADLINE_EXCEEDED" and reason == "-":
-            client_side += count
+        code, _ = status.split("/")
+        if code == "DEADLINE_EXCEEDED":  # the client's own deadline ("-"), or the router's (an answer late)
+            expired += count
         else:
             assert code in {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}, status
-    assert bronze["rejected_with_hint"] == bronze["rejected"] - client_side
-    assert client_side <= CLIENT_SIDE_EXPIRY_TOLERANCE * bronze["offered"], bronze["rejected_by_status"]
+    assert bronze["rejected_with_hint"] == bronze["rejected"] - expired
+    assert expired <= CLIENT_SIDE_EXPIRY_TOLERANCE * bronze["offered"], bronze["rejected_by_status"]
 
 
 def test_ok_answers_arrive_within_their_deadline_up_to_the_client_side_tolerance(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import free_port
+from common.local_cluster import free_port
 from tests.e2e.conftest import interrupt
 from tests.support.processes import wait_until
 

@@ -59,6 +59,11 @@ def cluster_settings(cluster_token: str) -> ClusterSettings:
     return ClusterSettings(token=SecretStr(cluster_token))
 
 
+def accepting_workers(router: RouterServer) -> list[str]:
+    """Workers the router's core sends batches to now."""
+    return sorted(w.worker_id for w in router.driver.core.workers if w.accepting)
+
+
 Spawn = Callable[..., WorkerProcess]
 MakeRouter = Callable[..., Awaitable[RouterServer]]
 

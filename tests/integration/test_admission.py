@@ -50,7 +50,7 @@ async def call(
 async def ready_router(make_router: MakeRouter, spawn: Spawn, **sections: object) -> RouterServer:
     router = await make_router(tenants=TENANTS, **sections)
     spawn("w-adm")
-    await eventually(lambda: "w-adm" in router.membership.accepting_workers(), 60, "worker accepted")
+    await eventually(lambda: router.driver.core.accepting("w-adm"), 60, "worker accepted")
     return router
 
 
@@ -86,7 +86,7 @@ async def test_two_routers_each_enforce_half_and_rebalance_when_one_leaves(
     await eventually(
         lambda: first.peers.routers == 2 and second.peers.routers == 2, 2, "both routers counted"
     )
-    assert first.driver.admission.limiter.levels(first.clock.now())["gold"] <= 2.0  # half the burst of 4
+    assert first.driver.core.admission.limiter.levels(first.clock.now())["gold"] <= 2.0  # half the burst of 4
     admitted = 0
     start = time.monotonic()
     while time.monotonic() - start < 2.0:  # 2 s of pressure on one router: share 10 req/s + burst 2

@@ -67,7 +67,7 @@ async def test_a_dispatched_request_ends_at_its_deadline_when_its_worker_hangs(
 ) -> None:
     router = await make_router(router=RouterSettings(listen="127.0.0.1:0", metrics_port=0, worker_hang_s=60))
     spawn("w-hang", repository=hanging_repository(tmp_path / "models"))
-    await eventually(lambda: router.driver.dispatcher.serves("synthetic", "1"), 60, "the worker to serve")
+    await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")
     assert (await call(router, request(1.0, 5_000_000)))[0] == "OK"
     status, reason, took = await call(router, request(HANG, 1_500_000))
     assert (status, reason) == (
@@ -82,7 +82,7 @@ async def test_a_worker_whose_forward_hangs_is_treated_as_lost(
 ) -> None:
     router = await make_router(router=RouterSettings(listen="127.0.0.1:0", metrics_port=0, worker_hang_s=1))
     spawn("w-hang", repository=hanging_repository(tmp_path / "models"))
-    await eventually(lambda: router.driver.dispatcher.serves("synthetic", "1"), 60, "the worker to serve")
+    await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")
     status, reason, took = await call(router, request(HANG, 30_000_000))
     # Lost, re-queued once, then lost again or found no worker while the stream reconnects: UNAVAILABLE with
     # a retry hint, seconds before the 30 s deadline the old router would have waited for.

@@ -18,8 +18,8 @@ import grpc
 import pytest
 import yaml
 
-from cli.cluster import free_port
 from common.config import EtcdSettings
+from common.local_cluster import free_port
 from common.pb.inference import grpc_service_pb2 as kserve
 from router.policy.tenants import hash_api_key
 from tests.support.processes import etcd_env, wait_until

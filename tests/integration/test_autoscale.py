@@ -11,7 +11,7 @@ from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
 from common.config import AutoscaleSettings
 from router.main import RouterServer
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
@@ -36,14 +36,14 @@ async def test_load_raises_desired_workers_and_the_added_worker_relieves_it(
 ) -> None:
     router = await make_router(autoscale=AutoscaleSettings(target_utilization=0.7, scale_down_window_s=60))
     spawn("w-1", slowdown=SLOWDOWN)
-    await eventually(lambda: router.membership.accepting_workers() == ["w-1"], 60, "first worker")
+    await eventually(lambda: accepting_workers(router) == ["w-1"], 60, "first worker")
     await offer(router, 20, 2)
     assert router.status.desired_workers("synthetic") == 1
     alone = await offer(router, 160, 6)
     desired = router.status.desired_workers("synthetic")
     assert desired >= 2, desired
     spawn("w-2", slowdown=SLOWDOWN)
-    await eventually(lambda: len(router.membership.accepting_workers()) == 2, 60, "second worker")
+    await eventually(lambda: len(accepting_workers(router)) == 2, 60, "second worker")
     together = await offer(router, 160, 6)
     assert together["total"]["latency_ms"]["p99"] < alone["total"]["latency_ms"]["p99"]
     assert together["total"]["ok"] == together["scheduled"]

@@ -20,10 +20,13 @@ from common.config import CacheSettings, RedisSettings, TenantSettings
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
-from router.codec import decode_infer_request, plain_parameters
+from router.calls import InferResult, Tensor
+from router.codec import decode_call, plain_parameters
+from router.kserve_codec import call_from_request
 from router.main import RouterServer
 from router.policy.tenants import hash_api_key
-from tests.integration.conftest import MakeRouter, Spawn
+from router.stored_results import encode_result
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import WorkerProcess, eventually
 from tests.support.redis_server import RedisServer
 
@@ -88,7 +91,7 @@ async def cluster(
     routers = [await make_router(**sections), await make_router(**sections)]
     workers = [spawn("w-a", models=models), spawn("w-b", models=models)]
     await eventually(
-        lambda: all(len(r.membership.accepting_workers()) == 2 for r in routers), 60, "both workers accepted"
+        lambda: all(len(accepting_workers(r)) == 2 for r in routers), 60, "both workers accepted"
     )
     return routers, workers
 
@@ -141,14 +144,12 @@ async def test_a_planted_wrong_entry_is_caught_by_the_auditor(
     router = routers[0]
     request = mlp_request(7)
     record = router.catalog.resolve("mlp")
-    decoded = decode_infer_request(request, record)
-    lookup = router.cache.lookup("alice", record, decoded, plain_parameters(request))
-    wrong = kserve.ModelInferResponse(model_name="mlp", model_version=record.version)
-    wrong.outputs.add(name="output", datatype="FP32", shape=[1, 10])
-    wrong.raw_output_contents.append(np.zeros((1, 10), "<f4").tobytes())
-    await router.cache.store.put(
-        lookup.key, wrong.SerializeToString(), model="mlp", model_version=record.version
-    )
+    call = call_from_request(request, metadata=None, time_remaining_s=None)
+    decoded = decode_call(call, record)
+    lookup = router.cache.lookup("alice", record, decoded, plain_parameters(call.parameters))
+    zeros = Tensor("output", "FP32", (1, 10), np.zeros((1, 10), "<f4").tobytes())
+    wrong = InferResult(model_name="mlp", model_version=record.version, id="", outputs=(zeros,), served=None)
+    await router.cache.store.put(lookup.key, encode_result(wrong), model="mlp", model_version=record.version)
     served = await infer(router, request)
     assert served.parameters["sluice_cache"].string_param == "hit"  # the planted entry was served once...
     await eventually(lambda: record.digest in router.cache.disabled_digests, 10, "the audit to catch it")
@@ -156,7 +157,7 @@ async def test_a_planted_wrong_entry_is_caught_by_the_auditor(
     assert router.metrics.registry.get_sample_value("sluice_cache_audits_total", labels) == 1
     fresh = await infer(router, request)  # ...and never again: the digest is no longer cached
     assert fresh.parameters["sluice_cache"].string_param == ""
-    assert fresh.raw_output_contents[0] != wrong.raw_output_contents[0]
+    assert fresh.raw_output_contents[0] != zeros.data
 
 
 async def test_redis_down_fails_keyed_requests_closed_and_cache_just_misses(
@@ -188,7 +189,7 @@ async def test_replay_after_a_version_roll_returns_the_original_version(
     config_path.write_text(yaml.safe_dump(config))
     router = await make_router(tenants=TENANTS, redis=RedisSettings(url=redis_server.url))
     old = spawn("w-v1")
-    await eventually(lambda: "w-v1" in router.membership.accepting_workers(), 60, "v1 worker")
+    await eventually(lambda: router.driver.core.accepting("w-v1"), 60, "v1 worker")
     original = await infer(router, synthetic_request(5.0), key="roll-1")
     assert original.model_version == "1"
     spawn("w-v2", repository=rolled)

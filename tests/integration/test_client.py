@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from bench.loadgen_sink import Context, SinkServer, SinkServicer
-from cli.cluster import free_port
 from common.client import RetryBudget, SluiceClient, SyncSluiceClient
 from common.errors import InvalidArgument, SluiceError, Unavailable
 from common.grpc_errors import grpc_code, trailers_for
+from common.local_cluster import free_port
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.tensors import from_raw
 

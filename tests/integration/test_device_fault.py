@@ -15,6 +15,7 @@ import pytest
 from cli.commands import EXIT_NOT_SERVING, health
 from common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
 from common.etcd import worker_key
+from common.exit_codes import EXIT_DEVICE_FAULT
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from tests.integration.conftest import MakeRouter, Spawn
@@ -22,7 +23,6 @@ from tests.integration.test_etcd import read_key
 from tests.integration.test_failures import call, request
 from tests.support.processes import eventually
 from tests.unit.worker.fakes import synthetic_config, write_model
-from worker.faults import EXIT_DEVICE_FAULT
 from worker.main import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ async def test_a_faulted_worker_process_leaves_etcd_and_exits_to_be_restarted(
 ) -> None:
     router = await make_router()
     worker = spawn("w-fault", models="synthetic", repository=faulty_repository(tmp_path / "models"))
-    await eventually(lambda: "w-fault" in router.membership.accepting_workers(), 60, "worker accepted")
+    await eventually(lambda: router.driver.core.accepting("w-fault"), 60, "worker accepted")
     assert isinstance(await call(router, request(1.0)), kserve.ModelInferResponse)
     assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
     code = await asyncio.to_thread(worker.wait, 30)
@@ -72,7 +72,7 @@ async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
     worker = WorkerProcess(SluiceConfig(etcd=etcd_settings, worker=settings, cluster=cluster_settings))
     await worker.start()
     try:
-        await eventually(lambda: "w-inproc" in router.membership.accepting_workers(), 30, "worker accepted")
+        await eventually(lambda: router.driver.core.accepting("w-inproc"), 30, "worker accepted")
         assert await call(router, request(TRIGGER)) == grpc.StatusCode.INTERNAL
         await asyncio.wait_for(worker.faulted.wait(), 10)
         assert worker.state.state == worker_pb2.WORKER_STATE_DRAINING
@@ -80,9 +80,7 @@ async def test_a_faulted_worker_is_not_serving_and_draining_everywhere(
         probe = argparse.Namespace(addr=worker.addr, service="", timeout=5.0, tls=False, ca=None, cert=None)
         assert await asyncio.to_thread(health, probe) == EXIT_NOT_SERVING
         assert await read_key(etcd_settings, worker_key(etcd_settings.prefix, "w-inproc")) is None
-        await eventually(
-            lambda: "w-inproc" not in router.membership.accepting_workers(), 5, "no more batches for it"
-        )
+        await eventually(lambda: not router.driver.core.accepting("w-inproc"), 5, "no more batches for it")
         assert worker.executor.fault is not None
         await asyncio.wait_for(worker.drain(), 1)  # a SIGTERM now finds nothing to drain, and no error
         assert not worker.drained.is_set()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import free_port
 from common.config import EtcdSettings
 from common.etcd import (
     ROUTERS,
@@ -28,6 +27,7 @@ from common.etcd import (
     worker_key,
 )
 from common.etcd_watch import watch_prefix_snapshots
+from common.local_cluster import free_port
 from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration

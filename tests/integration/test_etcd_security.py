@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from cli.certs import write_dev_certs
 from common.config import EtcdSettings
+from common.dev_certs import write_dev_certs
 from common.etcd import WORKERS, EtcdUnavailable, LeasedKey, open_client, worker_key
 from common.etcd_watch import watch_prefix_snapshots
 from tests.support.etcd_server import EtcdServer

@@ -16,7 +16,7 @@ from common.config import EtcdSettings
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from router.main import RouterServer
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 from worker.backends.synthetic import POISON
 
@@ -45,7 +45,7 @@ async def test_a_poison_item_fails_alone_and_its_batch_mates_succeed(
 ) -> None:
     router = await make_router()
     spawn("w-poison")
-    await eventually(lambda: "w-poison" in router.membership.accepting_workers(), 60, "worker accepted")
+    await eventually(lambda: router.driver.core.accepting("w-poison"), 60, "worker accepted")
     results = await asyncio.gather(
         *(call(router, request(POISON if i == 5 else float(i))) for i in range(12))
     )
@@ -61,9 +61,11 @@ async def test_requests_of_a_worker_killed_mid_batch_are_redispatched(
     router = await make_router()
     doomed = spawn("w-doomed", slowdown=40.0)  # 5 ms base -> 200 ms: batches stay in flight
     spawn("w-steady")
-    await eventually(lambda: len(router.membership.accepting_workers()) == 2, 60, "both workers accepted")
+    await eventually(lambda: len(accepting_workers(router)) == 2, 60, "both workers accepted")
     calls = [asyncio.create_task(call(router, request(float(i)))) for i in range(40)]
-    await eventually(lambda: router.driver.in_flight_on("w-doomed") > 0, 10, "a batch on the doomed worker")
+    await eventually(
+        lambda: router.driver.core.in_flight_on("w-doomed") > 0, 10, "a batch on the doomed worker"
+    )
     doomed.signal(signal.SIGKILL)
     results = await asyncio.gather(*calls)
     assert all(isinstance(r, kserve.ModelInferResponse) for r in results), results
@@ -77,12 +79,10 @@ async def test_a_frozen_worker_leaves_within_ttl_plus_one_second(
 ) -> None:
     router = await make_router()
     frozen = spawn("w-frozen")
-    await eventually(lambda: "w-frozen" in router.membership.accepting_workers(), 60, "worker accepted")
+    await eventually(lambda: router.driver.core.accepting("w-frozen"), 60, "worker accepted")
     frozen.signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
-    stream_gone = await eventually(
-        lambda: "w-frozen" not in router.membership.accepting_workers(), 3, "no traffic"
-    )
+    stream_gone = await eventually(lambda: not router.driver.core.accepting("w-frozen"), 3, "no traffic")
     assert stream_gone <= 1.0  # heartbeat: load reports every 0.25 s, silence > 0.8 s closes the stream
     await eventually(
         lambda: "w-frozen" not in router.membership.records, etcd_settings.lease_ttl_s + 2, "lease gone"

@@ -16,7 +16,7 @@ import yaml
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
 from router.main import RouterServer
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ async def test_long_inputs_do_not_hold_short_ones_hostage(
     router = await make_router()
     spawn("w-1", models="seq", repository=repo)
     spawn("w-2", models="seq", repository=repo)
-    await eventually(lambda: len(router.membership.accepting_workers()) == 2, 60, "workers accepted")
+    await eventually(lambda: len(accepting_workers(router)) == 2, 60, "workers accepted")
     await short_p99(router, with_long=True)  # warm the estimates of both lanes
     alone, mixed = [], []
     for _ in range(2):  # interleaved, so drift in the machine's load hits both sides alike

@@ -16,8 +16,8 @@ from bench.loadgen_ceiling import measure_ceiling
 from bench.loadgen_scenario import parse_scenario
 from bench.loadgen_sink import SinkServer, SinkServicer
 from cli.bench_cmd import add_bench_parser, run_bench
-from cli.cluster import free_port
 from cli.main import _Parser
+from common.local_cluster import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from common.config import RedisSettings
 from router.stores.redis_conn import RedisOptions, open_redis
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.integration.test_cache_idempotency import TENANTS, infer, synthetic_request
 from tests.support.processes import eventually
 from tests.support.redis_server import RedisServer
@@ -47,7 +47,7 @@ async def test_idempotency_records_through_a_password_protected_redis(
     redis = RedisSettings(url=protected_redis.url, password_file=password_file)
     routers = [await make_router(tenants=TENANTS, redis=redis) for _ in range(2)]
     spawn("w1")
-    await eventually(lambda: all(r.membership.accepting_workers() for r in routers), 60, "w1 accepted")
+    await eventually(lambda: all(accepting_workers(r) for r in routers), 60, "w1 accepted")
     request = synthetic_request(5.0)
     first = await infer(routers[0], request, key="paid-once")
     second = await infer(routers[1], request, key="paid-once")  # the other router: only Redis links them

@@ -17,7 +17,7 @@ import yaml
 
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ async def test_rolling_in_v2_one_worker_at_a_time_fails_no_request(
     rolled = with_version_two(demo_repo, tmp_path / "rolled")
     router = await make_router()
     old = [spawn("w-a"), spawn("w-b")]
-    await eventually(lambda: len(router.membership.accepting_workers()) == 2, 60, "v1 workers accepted")
+    await eventually(lambda: len(accepting_workers(router)) == 2, 60, "v1 workers accepted")
     outcomes: Counter[str] = Counter()
     stop = asyncio.Event()
 
@@ -66,7 +66,7 @@ async def test_rolling_in_v2_one_worker_at_a_time_fails_no_request(
             await asyncio.gather(*pending)
 
     def serving(worker_id: str) -> bool:
-        return worker_id in router.membership.accepting_workers()
+        return router.driver.core.accepting(worker_id)
 
     driver = asyncio.create_task(load())
     for worker, replacement in zip(old, ("w-a2", "w-b2"), strict=True):

@@ -99,7 +99,7 @@ async def test_model_metadata_and_ready_respect_the_tenants_models(
 ) -> None:
     router = await keyed_router(make_router)
     spawn("w1", models="synthetic,mlp")
-    await eventually(lambda: "w1" in router.membership.accepting_workers(), 60, "w1 accepting")
+    await eventually(lambda: router.driver.core.accepting("w1"), 60, "w1 accepting")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
         stub: Any = kserve_grpc.GRPCInferenceServiceStub(channel)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.certs import write_dev_certs
 from common.config import RouterSettings, ServerTlsSettings, TenantSettings
+from common.dev_certs import write_dev_certs
 from router.policy.tenants import hash_api_key
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ async def test_triton_client_over_tls_and_mtls(make_router: MakeRouter, spawn: S
         for t in (tls, mtls)
     ]
     spawn("w1")
-    await eventually(lambda: all(r.membership.accepting_workers() for r in routers), 60, "w1 accepted")
+    await eventually(lambda: all(accepting_workers(r) for r in routers), 60, "w1 accepted")
     plain, mutual = (f"localhost:{r.port}" for r in routers)
     ca = certs / "ca.pem"
     assert "(1, 16)" in await triton_over_tls(plain, ca)

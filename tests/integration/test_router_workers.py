@@ -62,7 +62,7 @@ async def test_new_worker_gets_traffic_within_a_second(
 ) -> None:
     worker = spawn("w-join")
     registered_at = await _wait_registered(etcd_settings, "w-join", within_s=60)
-    await eventually(lambda: "w-join" in router.membership.accepting_workers(), 5, "router to accept w-join")
+    await eventually(lambda: router.driver.core.accepting("w-join"), 5, "router to accept w-join")
     assert time.monotonic() - registered_at < 1.0
     response = await _infer(router.port)
     assert response.parameters["sluice_worker"].string_param == "w-join"
@@ -74,10 +74,10 @@ async def test_sigkilled_worker_leaves_within_ttl_plus_one_second(
 ) -> None:
     worker = spawn("w-kill")
     await _wait_registered(etcd_settings, "w-kill", within_s=60)
-    await eventually(lambda: "w-kill" in router.membership.accepting_workers(), 5, "w-kill accepted")
+    await eventually(lambda: router.driver.core.accepting("w-kill"), 5, "w-kill accepted")
     worker.signal(signal.SIGKILL)
     killed_at = time.monotonic()
-    await eventually(lambda: "w-kill" not in router.membership.accepting_workers(), 2, "no traffic to w-kill")
+    await eventually(lambda: not router.driver.core.accepting("w-kill"), 2, "no traffic to w-kill")
     await eventually(
         lambda: "w-kill" not in router.membership.records, etcd_settings.lease_ttl_s + 2, "w-kill gone"
     )
@@ -89,11 +89,9 @@ async def test_drained_worker_leaves_at_once_and_exits_zero(
 ) -> None:
     worker = spawn("w-drain")
     await _wait_registered(etcd_settings, "w-drain", within_s=60)
-    await eventually(lambda: "w-drain" in router.membership.accepting_workers(), 5, "w-drain accepted")
+    await eventually(lambda: router.driver.core.accepting("w-drain"), 5, "w-drain accepted")
     worker.signal(signal.SIGTERM)
-    await eventually(
-        lambda: "w-drain" not in router.membership.accepting_workers(), 1, "w-drain stops receiving"
-    )
+    await eventually(lambda: not router.driver.core.accepting("w-drain"), 1, "w-drain stops receiving")
     await eventually(lambda: "w-drain" not in router.membership.records, 2, "w-drain deregistered")
     assert await asyncio.to_thread(worker.wait, 10) == 0, worker.log()
 
@@ -103,7 +101,7 @@ async def test_router_keeps_serving_while_etcd_is_down(
 ) -> None:
     spawn("w-steady")
     await _wait_registered(etcd_settings, "w-steady", within_s=60)
-    await eventually(lambda: "w-steady" in router.membership.accepting_workers(), 5, "w-steady accepted")
+    await eventually(lambda: router.driver.core.accepting("w-steady"), 5, "w-steady accepted")
     await asyncio.to_thread(etcd_server.stop)
     deadline = time.monotonic() + etcd_settings.lease_ttl_s + 1.0
     served = 0

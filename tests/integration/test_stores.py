@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 from common.clock import MonotonicClock
 from common.errors import Code, SluiceError
 from router.policy.cache_keys import TensorBytes, cache_key, cache_scope, request_fingerprint
-from router.policy.idempotency import Conflict, Proceed, Replay, StoredError, StoredResponse, Wait, scoped_key
-from router.policy.result_cache import CachedResponse
+from router.policy.idempotency import Conflict, Proceed, Replay, StoredError, StoredSuccess, Wait, scoped_key
+from router.policy.result_cache import CachedResult
 from router.stores.cache_store import ResultCacheStore
 from router.stores.coalescer import Coalescer
 from router.stores.idempotency_store import RedisIdempotencyStore, acquire
@@ -94,7 +94,7 @@ def key_for(tenant: str, *, model: str = "mlp", version: str = "1") -> str:
 
 FP = request_fingerprint(model="mlp", requested_version="", inputs=inputs(), outputs=(), parameters={})
 SK = scoped_key("gold", RAW_KEY)
-OK = StoredResponse(OUTPUT, "1")
+OK = StoredSuccess(OUTPUT, "1")
 
 
 async def within(seconds: float, awaitable: Any) -> tuple[Any, float]:
@@ -131,9 +131,9 @@ async def test_waiters_on_many_keys_share_one_subscriber(routers: Routers) -> No
     await asyncio.sleep(0.1)
     for owner in owners:
         assert isinstance(owner, Proceed)
-        await owner_store.complete(owner.ticket, StoredResponse(owner.ticket.scoped_key.encode(), "1"))
+        await owner_store.complete(owner.ticket, StoredSuccess(owner.ticket.scoped_key.encode(), "1"))
     outcomes, took = await within(2, asyncio.gather(*waiters))
-    assert [o.response_bytes.decode() for o in outcomes] == [k for k in keys for _ in range(2)]
+    assert [o.result_bytes.decode() for o in outcomes] == [k for k in keys for _ in range(2)]
     assert took < 1.0
 
 
@@ -195,7 +195,7 @@ async def test_a_result_put_by_one_router_is_a_hit_on_another(routers: Routers) 
     key = key_for("gold")
     assert await b.get(key) is None
     await a.put(key, OUTPUT, model="mlp", model_version="1")
-    expected = CachedResponse(OUTPUT, "mlp", "1")
+    expected = CachedResult(OUTPUT, "mlp", "1")
     assert await b.get(key) == expected  # from Redis, promoted
     assert await b.get(key) == expected  # from memory
     assert (b.stats.hits_redis, b.stats.hits_memory, b.stats.misses) == (1, 1, 1)

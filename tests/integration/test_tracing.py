@@ -51,7 +51,7 @@ async def traced(
     await router.start()
     await worker.start()
     try:
-        await eventually(lambda: "w-traced" in router.membership.accepting_workers(), 30, "worker accepted")
+        await eventually(lambda: router.driver.core.accepting("w-traced"), 30, "worker accepted")
         yield router, provider
     finally:
         await worker.stop(grace=0.1)

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.certs import write_dev_certs
 from common.cluster_auth import TOKEN_HEADER
 from common.config import ClusterSettings, EtcdSettings, RouterSettings
+from common.dev_certs import write_dev_certs
 from common.etcd import WORKERS, open_client
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -222,7 +222,7 @@ async def test_a_router_streams_batches_to_a_worker_over_mtls(
         key_file=certs / "router-client-key.pem",
     )
     router = await make_router(router=RouterSettings(listen="127.0.0.1:0", metrics_port=0), cluster=cluster)
-    await eventually(lambda: "w-tls" in router.membership.accepting_workers(), 60, "w-tls accepting")
+    await eventually(lambda: router.driver.core.accepting("w-tls"), 60, "w-tls accepting")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
         reply = await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
             synthetic_request(1.0), timeout=10

@@ -15,7 +15,7 @@ from common.cluster_auth import ClusterClient
 from common.config import RouterSettings
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
 from router.main import RouterServer
-from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ async def run(make_router: MakeRouter, spawn: Spawn, scheduler: Scheduler, tag: 
         router=RouterSettings(listen="127.0.0.1:0", metrics_port=0, scheduler=scheduler)
     )
     workers = [spawn(f"fast-{tag}", slowdown=FAST), spawn(f"slow-{tag}", slowdown=SLOW)]
-    await eventually(lambda: len(router.membership.accepting_workers()) == 2, 60, "both workers accepted")
+    await eventually(lambda: len(accepting_workers(router)) == 2, 60, "both workers accepted")
     before = {w: await executed(router, w) for w in (f"fast-{tag}", f"slow-{tag}")}
     scenario = parse_scenario(
         {

@@ -68,10 +68,11 @@ def test_every_arrival_ends_exactly_once_and_nothing_is_left_behind() -> None:
     assert any(o.startswith("UNAVAILABLE/") and "worker_lost" not in o for o in outcomes)  # shed
     assert any(o.startswith("DEADLINE_EXCEEDED/") for o in outcomes)  # expired
     # every admission slot came back, and the core holds no request any more
-    assert set(sim.admission.limiter.inflight.values()) == {0}
-    assert sim.dispatcher.queued() == 0
-    assert not sim.dispatcher.in_flight
-    assert "w2" not in sim.dispatcher.workers  # drained and gone
+    [core] = sim.cores
+    assert set(core.admission.limiter.inflight.values()) == {0}
+    assert core.queues.queued() == 0
+    assert not core.in_flight
+    assert "w2" not in core.workers  # drained and gone
     assert all(r.latency_s >= 0 for r in result.records)
 
 
@@ -131,7 +132,8 @@ def test_a_thousand_workers() -> None:
     assert len(result.workers) == 1000
     assert len(result.records) == result.plan.arrivals > 1000
     assert all(r.ok for r in result.records)
-    assert sum(1 for w in result.workers if w.batches) > 500  # spread, not piled on a few
+    used = [w.batches for w in result.workers if w.batches]
+    assert len(used) >= 0.9 * len(result.batch_rows) and max(used) <= 3  # spread, not piled on a few
 
 
 def _cli(*argv: str) -> int:

@@ -62,7 +62,8 @@ def slow_share(summary: dict[str, Any]) -> float:
 def test_a_twice_slower_worker_gets_at_most_half_the_work_and_p99_beats_round_robin_under_load() -> None:
     busy = load("sim_slow_worker", load=0.3, duration_s=10)
     expected, robin = run(busy, scheduler="expected_completion"), run(busy, scheduler="round_robin")
-    assert slow_share(expected) <= 0.5 <= slow_share(robin)  # measured 0.06 vs 0.52 (0.36 vs 0.5 at 0.9x)
+    # measured 0.06 vs 0.47 (round robin hands out batches in turn, so near the speed-blind 0.5)
+    assert slow_share(expected) <= 0.5 and slow_share(expected) < slow_share(robin) / 2
     assert p99(expected) < p99(robin)
 
 
@@ -141,8 +142,10 @@ def test_headroom_mode_trades_unused_budget_for_fuller_batches() -> None:
 def test_failures_lose_only_what_was_on_the_lost_workers() -> None:
     failures = load("sim_failures", duration_s=12, load=0.2)  # the crash at 5 s, the hang at 10 s (+1 s)
     summary = run(failures)
-    lost = summary["total"]["rejected_by_status"].get("UNAVAILABLE/worker_lost", 0)
-    # a lost worker takes at most its `capacity` (2) batches with it, even the hung one that goes unnoticed
-    # for a second: its slots stay full, so nothing more is sent to it
-    assert 0 < lost <= 2 * 2 * failures.model.max_batch_size
+    statuses = summary["total"]["rejected_by_status"]
+    # the crashed worker's batches went elsewhere; what the hung one held ended at its deadline (the core
+    # does not wait for the loss to be noticed); nothing else failed
+    assert summary["batches"]["redispatched"] > 0
+    assert statuses.get("UNAVAILABLE/worker_lost", 0) <= 2 * failures.model.max_batch_size
+    assert set(statuses) <= {"UNAVAILABLE/worker_lost", "DEADLINE_EXCEEDED/expired_on_worker"}
     assert summary["total"]["slo_pct"] >= 95

@@ -24,7 +24,7 @@ def test_cuts_when_full_even_with_busy_worker() -> None:
 
 def test_waits_until_oldest_reaches_max_wait() -> None:
     lane = lane_with([0.0, 0.002])
-    assert TimerBatcher().decide(lane, BatchContext(0.005, False)) == WakeAt(0.01)
+    assert TimerBatcher().decide(lane, BatchContext(0.005, False)) == WakeAt(0.01, lane.limits.max_batch_size)
     assert TimerBatcher().decide(lane, BatchContext(0.01, False)) == Cut("max_wait")
 
 

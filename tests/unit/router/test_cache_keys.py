@@ -10,7 +10,8 @@ import pytest
 
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.records import ModelRecord, TensorSpec
-from router.codec import decode_infer_request
+from router.codec import decode_call
+from router.kserve_codec import call_from_request
 from router.policy.cache_keys import (
     OUTPUT_AFFECTING_EXCLUDED,
     TensorBytes,
@@ -166,7 +167,7 @@ def _request(*, typed: bool) -> kserve.ModelInferRequest:
 
 
 def _key_of(request: kserve.ModelInferRequest) -> str:
-    decoded = decode_infer_request(request, RECORD)
+    decoded = decode_call(call_from_request(request, metadata=None, time_remaining_s=None), RECORD)
     return cache_key(
         scope=cache_scope("gold", shared=False),
         model=decoded.record.name,

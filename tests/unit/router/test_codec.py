@@ -1,4 +1,5 @@
-"""Request decoding: every malformed request is INVALID_ARGUMENT naming the problem; raw == typed."""
+"""Request decoding (a KServe request → its domain call → a validated DecodedRequest): every malformed
+request is INVALID_ARGUMENT naming the problem; raw == typed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from common.errors import Code, SluiceError
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
-from router.codec import DecodeLimits, ServedBy, decode_infer_request, encode_infer_response
+from router.calls import InferResult, ServedBy
+from router.codec import DecodedRequest, DecodeLimits, decode_call, requested_outputs
+from router.kserve_codec import call_from_request, response_from_result
 
 RECORD = ModelRecord(
     name="mlp",
@@ -24,6 +27,14 @@ RECORD = ModelRecord(
         TensorSpec(name="aux", datatype="FP32", dims=(1,)),
     ),
 )
+
+
+def decode_infer_request(
+    request: kserve.ModelInferRequest, record: ModelRecord, limits: DecodeLimits | None = None
+) -> DecodedRequest:
+    """What the servicer and the data plane do with a request, without a server."""
+    call = call_from_request(request, metadata=None, time_remaining_s=None)
+    return decode_call(call, record, limits or DecodeLimits())
 
 
 def raw_request(values: np.ndarray, datatype: str = "FP32", name: str = "input") -> kserve.ModelInferRequest:
@@ -98,7 +109,14 @@ def test_response_keeps_only_requested_outputs_in_request_order() -> None:
         worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\x00" * 8),
         worker_pb2.Tensor(name="aux", datatype="FP32", shape=[1, 1], data=b"\x00" * 4),
     ]
-    response = encode_infer_response(decoded, outputs, ServedBy("w1", 3, 0.001))
+    result = InferResult(
+        model_name="mlp",
+        model_version="1",
+        id="",
+        outputs=requested_outputs(decoded, outputs),
+        served=ServedBy("w1", 3, 0.001),
+    )
+    response = response_from_result(result)
     assert [o.name for o in response.outputs] == ["aux"]
     assert response.parameters["sluice_batch_size"].int64_param == 3
     assert response.model_version == "1"

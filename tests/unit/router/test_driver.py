@@ -28,14 +28,16 @@ from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
 from router.cache_gate import CacheGate
-from router.codec import DecodedRequest, decode_infer_request
+from router.codec import DecodedRequest, decode_call
 from router.driver import Driver
+from router.kserve_codec import call_from_request
 from router.live_stats import LiveStats
 from router.metrics import RouterMetrics
 from router.peers import PeerView
 from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
+from router.policy.core import RouterCore
 from router.policy.lanes import Lane
 from router.policy.tenants import Tenant
 from router.status import StatusLoop
@@ -62,7 +64,14 @@ class FakeLink(WorkerLink):
     """The router's end of a stream, without the stream: records what is sent; answers if told to."""
 
     def __init__(self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0) -> None:
-        super().__init__(worker_id, "unused:0", lambda *_: None, lambda *_: None, UNUSED_CLUSTER)
+        super().__init__(
+            worker_id,
+            "unused:0",
+            on_message=lambda *_: None,
+            on_up=lambda *_: None,
+            on_closed=lambda *_: None,
+            cluster=UNUSED_CLUSTER,
+        )
         self.driver = driver
         self.fail_sends = fail_sends
         self.sent: list[worker_pb2.RouterMessage] = []
@@ -84,7 +93,8 @@ class FakeLink(WorkerLink):
             result.items.add(item_id=item.item_id, outputs=[out])
         driver = self.driver
         assert driver is not None
-        asyncio.get_running_loop().call_soon(driver.on_result, self.worker_id, result)
+        message = worker_pb2.WorkerMessage(result=result)
+        asyncio.get_running_loop().call_soon(driver.on_message, self.worker_id, message)
 
     async def close(self) -> None:
         self.closed_by_router = True
@@ -97,25 +107,27 @@ def decoded() -> DecodedRequest:
     request = kserve.ModelInferRequest(model_name="mlp")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(np.zeros((1, 4), "<f4").tobytes())
-    return decode_infer_request(request, RECORD)
+    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), RECORD)
 
 
-def make_driver(links: WorkerLinks, worker_hang_s: float = 5.0) -> Driver:
-    return Driver(
-        MonotonicClock(),
-        links,
-        RouterMetrics(),
+def make_driver(
+    links: WorkerLinks, *, worker_hang_s: float = 5.0, batcher: TimerBatcher | None = None
+) -> Driver:
+    clock = MonotonicClock()
+    core = RouterCore(
+        clock.now(),
+        settings=RouterSettings(worker_hang_s=worker_hang_s, watchdog_s=2.0),
         admission=AdmissionSettings(),
         tenants={TENANT.name: TENANT.settings},
-        settings=RouterSettings(worker_hang_s=worker_hang_s),
-        batcher=TimerBatcher(),
+        batcher=batcher or TimerBatcher(),
     )
+    return Driver(clock, core, links, RouterMetrics())
 
 
 def join(driver: Driver, *worker_ids: str) -> None:
     for worker_id in worker_ids:
-        driver.worker_joined(worker_id, {("mlp", "1")}, capacity=2)
-        driver.worker_accepting(worker_id, True)
+        driver.worker_registered(worker_id, {("mlp", "1"): {}}, 2, True)
+        driver.worker_connected(worker_id, True)
 
 
 @pytest.fixture
@@ -178,7 +190,7 @@ async def test_a_worker_that_hangs_is_treated_as_lost_and_its_request_runs_elsew
         join(driver, "w2")
         assert await pending == Code.OK
         assert hung.closed_by_router
-        assert "w1" not in driver.dispatcher.workers
+        assert "w1" not in driver.core.workers
     finally:
         await driver.stop()
 
@@ -188,17 +200,53 @@ class _Fatal(BaseException):
 
 
 class _DeadlyBatcher(TimerBatcher):
+    """Asks to be woken at `at`, and then kills whatever called it (only the loop ticks then)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
     def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
-        raise _Fatal
+        if ctx.now >= self.at:
+            raise _Fatal
+        return WakeAt(self.at, lane.limits.max_batch_size)
+
+
+class _HoldingBatcher(TimerBatcher):
+    """Holds every batch until `at`, counting how often it is asked."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.asked = 0
+
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        self.asked += 1
+        return Cut("held") if ctx.now >= self.at else WakeAt(self.at, lane.limits.max_batch_size)
+
+
+async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLinks) -> None:
+    clock = MonotonicClock()
+    batcher = _HoldingBatcher(clock.now() + 0.3)
+    driver = make_driver(links, batcher=batcher)
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    driver.start()
+    try:
+        assert await infer(driver) == Code.OK
+        assert clock.now() >= batcher.at
+        # Asked on arrival, when woken, and at most a few heartbeats more; a loop that spun until the
+        # wake time asked thousands of times.
+        assert batcher.asked <= 5, batcher.asked
+    finally:
+        await driver.stop()
 
 
 async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
     links: WorkerLinks,
 ) -> None:
     clock = MonotonicClock()
+    driver = make_driver(links, batcher=_DeadlyBatcher(clock.now() + 0.2))
     metrics = RouterMetrics()
     tenants = {TENANT.name: TENANT.settings}
-    driver = Driver(clock, links, metrics, tenants=tenants, batcher=_DeadlyBatcher())
     links.add(FakeLink("w1", driver))
     join(driver, "w1")
     health = HealthServicer()
@@ -206,15 +254,14 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
     status = StatusLoop(
         driver=driver,
         catalog=ModelCatalog(),
-        peers=PeerView(
-            EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics, clock=clock
-        ),
+        peers=PeerView(EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics),
         cache=CacheGate(store, CacheSettings(), metrics),
         live=LiveStats(),
         metrics=metrics,
         inflight_bytes=ByteBudget(1024 * 1024),
         health=health,
         autoscale=AutoscaleSettings(),
+        etcd_connected=lambda: False,
         clock=clock,
     )
     driver.start()

@@ -32,8 +32,8 @@ def test_unknown_model_uses_the_prior_and_coefficients_never_go_negative() -> No
     assert estimates.batch_seconds("x", "1", 10) == DEFAULT_SECONDS
     for rows, seconds in ((1, 0.010), (10, 0.001)):  # noisy: time falls with size
         estimates.observe("x", "1", rows, seconds)
-    a, b = estimates.model("x", "1").coefficients()  # type: ignore[union-attr]
-    assert a >= 0 and b >= 0
+    one, many = estimates.batch_seconds("x", "1", 1), estimates.batch_seconds("x", "1", 1000)
+    assert one >= 0 and many >= one  # a ≥ 0 and b ≥ 0: no negative time, none that shrinks with size
 
 
 def test_each_lane_shape_learns_its_own_cost_per_row() -> None:

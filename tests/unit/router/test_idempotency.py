@@ -19,7 +19,7 @@ from router.policy.idempotency import (
     Replay,
     State,
     StoredError,
-    StoredResponse,
+    StoredSuccess,
     Ticket,
     Wait,
     decode_record,
@@ -33,7 +33,7 @@ from router.policy.idempotency import (
 from router.stores.idempotency_store import InProcessIdempotencyStore, acquire
 
 SK = scoped_key("gold", "order-42")
-OK = StoredResponse(b"response-bytes", "3")
+OK = StoredSuccess(b"response-bytes", "3")
 
 
 def ticket(fingerprint: str = "fp-a", token: str = "t1", key: str = SK) -> Ticket:
@@ -135,7 +135,7 @@ def test_first_completion_wins() -> None:
     table = IdempotencyTable()
     table.claim(ticket(token="t1"), now=0, lease_s=10)
     assert table.complete(ticket(token="t1"), OK, now=1, ttl_s=100)
-    assert not table.complete(ticket(token="t2"), StoredResponse(b"other", "4"), now=2, ttl_s=100)
+    assert not table.complete(ticket(token="t2"), StoredSuccess(b"other", "4"), now=2, ttl_s=100)
     assert table.claim(ticket(token="t3"), now=3, lease_s=10) == Replay(OK)
 
 
@@ -184,7 +184,7 @@ def stored(table: IdempotencyTable, tenant: str, key: str, size: int, now: float
     """Claim and complete one record of about `size` response bytes for `tenant`."""
     owner = Ticket(scoped_key=scoped_key(tenant, key), fingerprint="fp", token=key, tenant=tenant)
     assert isinstance(table.claim(owner, now=now, lease_s=10), Proceed)
-    return table.complete(owner, StoredResponse(b"x" * size, "1"), now=now, ttl_s=1000)
+    return table.complete(owner, StoredSuccess(b"x" * size, "1"), now=now, ttl_s=1000)
 
 
 def test_the_table_is_bounded_in_bytes() -> None:
@@ -249,7 +249,7 @@ def test_on_wake() -> None:
     [
         Record("fp", State.IN_FLIGHT, "tok", None, math.inf),
         Record("fp", State.COMPLETED, "tok", OK, math.inf),
-        Record("fp", State.COMPLETED, "tok", StoredResponse(b"", ""), math.inf),
+        Record("fp", State.COMPLETED, "tok", StoredSuccess(b"", ""), math.inf),
         Record("fp", State.COMPLETED, "tok", StoredError(13, "model raised: boom ✗"), math.inf),
     ],
 )
@@ -257,7 +257,7 @@ def test_record_round_trip(record: Record) -> None:
     assert decode_record(encode_record(record)) == record
 
 
-@pytest.mark.parametrize("bad", [b"", b"SLI1", b"XXXXF\x00\x00\x00\x00-", b"SLI1F\x00\x05ab"])
+@pytest.mark.parametrize("bad", [b"", b"SLI2", b"XXXXF\x00\x00\x00\x00-", b"SLI2F\x00\x05ab"])
 def test_malformed_records_raise_value_error(bad: bytes) -> None:
     with pytest.raises(ValueError):
         decode_record(bad)
@@ -266,7 +266,13 @@ def test_malformed_records_raise_value_error(bad: bytes) -> None:
 def test_a_completed_record_without_outcome_is_malformed() -> None:
     blob = encode_record(Record("fp", State.IN_FLIGHT, "tok", None, math.inf))
     with pytest.raises(ValueError):
-        decode_record(blob.replace(b"SLI1F", b"SLI1D", 1))
+        decode_record(blob.replace(b"SLI2F", b"SLI2D", 1))
+
+
+def test_a_record_of_the_format_that_held_kserve_responses_is_not_read() -> None:
+    blob = encode_record(Record("fp", State.COMPLETED, "tok", StoredSuccess(b"kserve-bytes", "1"), math.inf))
+    with pytest.raises(ValueError):
+        decode_record(b"SLI1" + blob[4:])
 
 
 # ---------------------------------------------------------------- the in-process store and acquire

@@ -10,7 +10,7 @@ from common.errors import SluiceError
 from router.policy.result_cache import (
     ENTRY_OVERHEAD_BYTES,
     ByteLRU,
-    CachedResponse,
+    CachedResult,
     CacheUse,
     cache_use,
     decode_entry,
@@ -109,8 +109,8 @@ def test_purge_by_tag() -> None:
 
 def test_entry_round_trip() -> None:
     blob = encode_entry(K, b"response", "7", model="mlp")
-    assert decode_entry(K, blob) == CachedResponse(b"response", "mlp", "7")
-    assert decode_entry(K, encode_entry(K, b"", "", model="m")) == CachedResponse(b"", "m", "")
+    assert decode_entry(K, blob) == CachedResult(b"response", "mlp", "7")
+    assert decode_entry(K, encode_entry(K, b"", "", model="m")) == CachedResult(b"", "m", "")
 
 
 def test_entry_under_another_key_is_rejected() -> None:
@@ -127,8 +127,13 @@ def test_a_corrupted_entry_is_rejected(where: int) -> None:
 
 def test_truncated_and_garbage_entries_are_rejected() -> None:
     blob = encode_entry(K, b"response", "7", model="mlp")
-    for bad in (b"", b"SLC1", blob[:40], blob[:-1], b"x" * 100):
+    for bad in (b"", b"SLC2", blob[:40], blob[:-1], b"x" * 100):
         assert decode_entry(K, bad) is None
+
+
+def test_an_entry_of_the_format_that_held_kserve_responses_is_a_miss() -> None:
+    blob = encode_entry(K, b"response", "7", model="mlp")
+    assert decode_entry(K, b"SLC1" + blob[4:]) is None
 
 
 def test_a_secret_makes_the_digest_an_hmac() -> None:
@@ -160,7 +165,7 @@ async def test_store_without_redis_hits_misses_and_purges() -> None:
     store = ResultCacheStore(capacity_bytes=10 * ENTRY, ttl_s=10, clock=clock)
     assert await store.get(K) is None
     await store.put(K, b"resp", model="mlp", model_version="1")
-    assert await store.get(K) == CachedResponse(b"resp", "mlp", "1")
+    assert await store.get(K) == CachedResult(b"resp", "mlp", "1")
     store.record_bypass()
     clock.advance(10)
     assert await store.get(K) is None

@@ -1,5 +1,6 @@
-"""`sluice up` supervision: a worker that exits after a device fault is restarted, within a budget; any
-other exit is only reported; the cluster stops serving only when etcd or the router is gone."""
+"""The local cluster's supervision (common/local_cluster.py, behind `sluice up`): a worker that exits after
+a device fault is restarted, within a budget; any other exit is only reported; the cluster stops serving
+only when etcd or the router is gone."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import Child, RestartBudget, Supervisor
-from worker.faults import EXIT_DEVICE_FAULT
+from common.exit_codes import EXIT_DEVICE_FAULT
+from common.local_cluster import Child, RestartBudget, Supervisor
 
 
 def exits_with(code: int) -> list[str]:

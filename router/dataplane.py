@@ -1,0 +1,272 @@
+"""The transport-agnostic data plane: one inference call from its API key to its result.
+
+`DataPlane.infer(InferCall) -> InferResult` runs every step in this order (docs/architecture.md):
+authenticate the key → hold the body's bytes → priority → resolve the version → authorize → validate and
+make inputs canonical (`router/codec.py`) → hold the decoded inputs and twice the expected response →
+set the deadline → idempotency (claim, wait or replay) → the result cache (hit, or one execution per set
+of identical misses) → the driver → store the outcome → never OK after the deadline set here.
+
+A transport only converts its messages to and from `router/calls.py` objects and maps a `SluiceError` to
+its status (`router/servicer.py` for KServe v2 gRPC); an HTTP/REST transport of the same protocol would
+reuse this class unchanged. Hits are handed to the auditor here, which keeps the cache gate and the
+auditor unaware of each other's insides.
+
+Invariants:
+- every call is accounted once however it ends — a result, a typed error, a bug (INTERNAL) or a
+  cancellation: one request count under its model (the label is "unknown" until the model resolves, so
+  the label set stays bounded), one latency or failure sample;
+- every byte a call holds against the in-flight budget is given back when it ends;
+- a claimed idempotency key is settled exactly once: its outcome stored, or the key released;
+- a call is never answered OK after the deadline this router set for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
+
+from common.clock import Clock
+from common.config import RouterSettings
+from common.errors import Code, DeadlineExceeded, Internal, SluiceError
+from common.logs import REQUEST_ID
+from common.records import ModelRecord
+from router.cache_gate import CacheGate
+from router.calls import CacheOutcome, InferCall, InferResult
+from router.codec import (
+    DecodedRequest,
+    DecodeLimits,
+    Executor,
+    ExecutorReply,
+    decode_call,
+    int_parameter,
+    plain_parameters,
+    requested_outputs,
+)
+from router.driver import Driver
+from router.idempotency_gate import Claimed, IdempotencyGate
+from router.live_stats import LiveStats
+from router.metrics import RouterMetrics
+from router.policy.budget import ByteBudget
+from router.policy.catalog import ModelCatalog
+from router.policy.core import deadline_for, version_to_serve
+from router.policy.tenants import Tenant, TenantDirectory
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Executor, Protocol):
+    """What the data plane needs from the queue and the workers: run a request, and say what can run."""
+
+    def serves(self, model: str, version: str) -> bool:
+        """Whether a worker accepts batches for this model version now."""
+        ...
+
+    def ready(self, now: float) -> bool:
+        """Whether the router can serve at all: its decision loop runs and a worker accepts batches."""
+        ...
+
+
+class DriverBackend:
+    """The asyncio driver as the data plane's `Backend`: the one place the data plane reads the driver."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
+    async def infer(
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+    ) -> ExecutorReply:
+        """Queue, batch and run one request (`Driver.infer`)."""
+        return await self._driver.infer(decoded, deadline, tenant, priority)
+
+    def serves(self, model: str, version: str) -> bool:
+        """Whether some accepting worker has this model version."""
+        return self._driver.core.serves(model, version)
+
+    def ready(self, now: float) -> bool:
+        """The decision loop is healthy and some worker accepts batches."""
+        return self._driver.healthy(now) and any(w.accepting for w in self._driver.core.workers)
+
+
+class HitAudit(Protocol):
+    """Receives cache hits, to re-run a sample of them (`router/auditor.py`)."""
+
+    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
+        """One hit, as served."""
+        ...
+
+
+@dataclass
+class _Progress:
+    """How far one call got, so it is accounted once however it ends."""
+
+    start: float
+    model: str = "unknown"
+    """The resolved model name once known (a bounded label: registered models only)."""
+    tenant: str = ""
+    priority: int | None = None
+    held: int = 0
+    """Bytes held against the in-flight budget."""
+    claimed: Claimed | None = None
+
+
+class DataPlane:
+    """Inference calls through authentication, budgets, validation, idempotency, the cache and the queue."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        *,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        clock: Clock,
+        tenants: Callable[[], TenantDirectory],
+        cache: CacheGate,
+        idempotency: IdempotencyGate,
+        audit: HitAudit,
+        live: LiveStats,
+        levels: int,
+        inflight_bytes: ByteBudget,
+        tracer: Tracer | None = None,
+    ) -> None:
+        self._backend = backend
+        self._catalog = catalog
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._tenants = tenants
+        self._cache = cache
+        self._idempotency = idempotency
+        self._audit = audit
+        self._live = live
+        self._levels = levels
+        self._bytes = inflight_bytes
+        self._tracer = tracer or NoOpTracer()
+        self._limits = DecodeLimits(settings.max_timeout_s, settings.max_message_bytes)
+
+    # -- model and server queries --------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Whether this router can serve inference now."""
+        return self._backend.ready(self._clock.now())
+
+    def model(self, key: str | None, name: str, version: str) -> ModelRecord:
+        """The registered record of (name, version) for the holder of `key`. PERMISSION_DENIED for a model
+        outside the tenant's globs is checked before the name is resolved, so the answer does not tell
+        whether such a model exists; then NOT_FOUND for an unknown model or version."""
+        tenant = self._tenants().authenticate(key)
+        TenantDirectory.authorize(tenant, name)
+        return self._catalog.resolve(name, version)
+
+    def model_ready(self, record: ModelRecord) -> bool:
+        """Whether an accepting worker has this version loaded."""
+        return self._backend.serves(record.name, record.version)
+
+    def versions(self, name: str) -> list[str]:
+        """Registered versions of a model, oldest first."""
+        return self._catalog.versions(name)
+
+    # -- inference -----------------------------------------------------------------------------------------
+    async def infer(self, call: InferCall) -> InferResult:
+        """One traced call (the span's parent is the caller's trace context, if any); raises SluiceError."""
+        attributes = {"sluice.model": call.model_name, "sluice.request_id": call.id}
+        with self._tracer.start_as_current_span(
+            "sluice.infer", context=call.trace_parent, kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+            token = REQUEST_ID.set(call.id or f"{span.get_span_context().trace_id:032x}")
+            try:
+                return await self._serve(call)
+            except SluiceError as err:
+                span.set_status(Status(StatusCode.ERROR, f"{err.code.name}: {err.message}"))
+                raise
+            finally:
+                REQUEST_ID.reset(token)
+
+    async def _serve(self, call: InferCall) -> InferResult:
+        """One call through the data plane, accounted once however it ends."""
+        progress = _Progress(self._clock.now())
+        try:
+            result = await self._run(progress, call)
+        except SluiceError as err:
+            if progress.claimed is not None:
+                await self._idempotency.failed(progress.claimed, err)
+            self._count_failure(progress, err)
+            raise
+        except Exception as exc:  # a bug must end this call with a status, and only this call
+            log.exception("request failed on an unexpected error")
+            if progress.claimed is not None:
+                await self._idempotency.failed(progress.claimed, None)
+            bug = Internal(f"internal error ({type(exc).__name__})", reason="internal")
+            self._count_failure(progress, bug)
+            raise bug from exc
+        except asyncio.CancelledError:
+            if progress.claimed is not None:
+                await self._idempotency.failed(progress.claimed, None)
+            self._metrics.requests.labels(progress.model, Code.CANCELLED.name).inc()
+            raise
+        finally:
+            self._bytes.release(progress.held)
+        self._metrics.requests.labels(progress.model, Code.OK.name).inc()
+        latency = self._clock.now() - progress.start
+        self._metrics.request_latency.labels(progress.model).observe(latency)
+        self._live.record(progress.model, progress.start + latency, latency, good=True)
+        return result
+
+    async def _run(self, progress: _Progress, call: InferCall) -> InferResult:
+        """The steps in the module's order; `progress` records how far the call got."""
+        tenant = self._tenants().authenticate(call.api_key)
+        progress.tenant = tenant.name
+        progress.held += self._hold(call.body_bytes)
+        priority = int_parameter(call.parameters, "priority") or 0
+        priority = progress.priority = tenant.priority(priority, self._levels)
+        record = version_to_serve(self._catalog, call.model_name, call.model_version, self._backend.serves)
+        progress.model = record.name
+        TenantDirectory.authorize(tenant, record.name)
+        decoded = decode_call(call, record, self._limits)
+        # What the call holds besides its body: the decoded inputs, the worker's answer and the result.
+        progress.held += self._hold(decoded.input_bytes + 2 * decoded.response_bytes)
+        deadline = deadline_for(self._settings, progress.start, call.time_remaining_s, decoded.timeout_s)
+        parameters = plain_parameters(call.parameters)
+        begun = await self._idempotency.begin(
+            tenant.name, call, decoded=decoded, parameters=parameters, remaining_s=deadline - progress.start
+        )
+        if isinstance(begun, InferResult):
+            return begun
+        progress.claimed = begun
+
+        async def execute() -> InferResult:
+            reply = await self._backend.infer(decoded, deadline, tenant, priority)
+            return InferResult(
+                model_name=record.name,
+                model_version=record.version,
+                id=decoded.client_id,
+                outputs=requested_outputs(decoded, reply.outputs),
+                served=reply.served,
+            )
+
+        lookup = self._cache.lookup(tenant.name, record, decoded, parameters)
+        result = await self._cache.serve(lookup, record, decoded, execute)
+        if result.cache is CacheOutcome.HIT:
+            self._audit.on_hit(record, decoded, result)
+        if progress.claimed is not None:
+            await self._idempotency.succeeded(progress.claimed, result)
+            progress.claimed = None  # settled: a retry replays it
+        if self._clock.now() > deadline:
+            # The promise is made here, so it is kept here: never OK after the deadline this router set.
+            raise DeadlineExceeded("the answer was ready only after the deadline", reason="finished_late")
+        return result
+
+    def _count_failure(self, progress: _Progress, err: SluiceError) -> None:
+        now = self._clock.now()
+        self._live.record(progress.model, now, now - progress.start, good=False)
+        self._metrics.requests.labels(progress.model, err.code.name).inc()
+        self._metrics.rejected(err, progress.tenant, progress.priority)
+
+    def _hold(self, size: int) -> int:
+        """Count `size` bytes against the in-flight budget (RESOURCE_EXHAUSTED beyond it)."""
+        self._bytes.acquire(size)
+        return size

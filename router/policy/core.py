@@ -1,0 +1,671 @@
+"""RouterCore: every decision one router makes, sans-IO, in the manner of h11's `Connection`.
+
+Events go in, each with an explicit `now` — a request arrived or was cancelled, a worker answered a batch,
+a send failed, a worker registered, connected, reported its load or left, the tenants or the router count
+changed, or simply `tick` — and each returns one `Decision` (router/policy/outcomes.py): batches to send,
+requests settled with a result or a typed error, items workers should drop, hung workers to disconnect,
+and when to tick next. The asyncio driver (router/driver.py) and the simulator (bench/sim/engine.py) only
+translate events and carry decisions out; every rule has its home here or in a module this one calls.
+
+Rules, and where they live:
+1. arrival: a deadline already passed → DEADLINE_EXCEEDED; no accepting worker serves the version →
+   UNAVAILABLE `no_worker`; then admission (quotas, deadline budget: admission.py) and the queue bounds
+   (queues.py), whose refusals and evictions end requests here.
+2. queued: a request still waiting at its latest start is shed (UNAVAILABLE while its deadline is ahead,
+   DEADLINE_EXCEEDED after); each lane, most urgent first, is cut when the batcher says (batcher.py) and
+   sent to the worker the chooser picks (scheduler.py) among those with a free place (workers.py).
+3. dispatched: a request not answered by its deadline ends DEADLINE_EXCEEDED then and its worker is told
+   to drop it; a worker that holds batches and answers none for `hang_after_s` (or `HANG_FACTOR` times
+   their estimate) is lost.
+4. answered: the batch's time teaches the estimates (from when the worker could start it — sent to an
+   idle worker, or its previous answer — to this answer, or the forward time if longer); a failure the
+   worker blames on itself counts against its breaker, anything else closes it; each request ends with
+   its outcome, DEADLINE_EXCEEDED if it came after the deadline, or goes elsewhere if the worker was busy.
+5. lost (worker gone, stream broke, send failed): each request is dispatched once more if its latest start
+   allows, else UNAVAILABLE `worker_lost` with a short hint.
+6. the version to serve and the deadline of a request are decided here too (`version_to_serve`,
+   `deadline_for`, which the data plane calls).
+Invariants: a request is queued, dispatched or ended — exactly one; it ends exactly once, and releases
+its admission slot then; `now` is never defaulted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from common.config import AdmissionSettings, RouterSettings, TenantSettings
+from common.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    SluiceError,
+    Unavailable,
+    error_for_code,
+)
+from common.records import ModelRecord
+from router.policy.admission import AdmissionController, queue_bounds
+from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
+from router.policy.breaker import CircuitBreaker
+from router.policy.catalog import ModelCatalog
+from router.policy.estimators import ServiceEstimates
+from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Learned, Served
+from router.policy.queues import Queues
+from router.policy.scheduler import Chooser, Job, make_chooser
+from router.policy.workers import WorkerPool, WorkerSlot
+
+NO_WORKER_RETRY_S = 1.0
+"""Hint for requests that find no worker serving their model: workers register within seconds."""
+WORKER_LOST_RETRY_S = 0.1
+"""A worker vanished mid-batch: the request can be retried at once on another worker."""
+MIN_RETRY_S = 0.01
+HANG_FACTOR = 10.0
+"""A worker is hung once it holds work this many times longer than that work was expected to take (and
+at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
+ITEM_OVERHEAD_BYTES = 256
+"""Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
+BATCH_S_WEIGHT = 0.2
+"""How fast a worker's typical batch time follows what this router measures there."""
+BUSY = "worker_busy"
+Serves = Callable[[str, str], bool]
+"""Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """A lane's last decision to wait: until `when`, or until it holds `rows`, taken at `epoch` of the
+    worker pool, when its tightest latest start was `latest_start`."""
+
+    when: float
+    rows: int
+    epoch: int
+    latest_start: float
+
+
+class RouterCore:
+    """The policy of one router: queues, in-flight batches, workers, estimates, breaker, admission."""
+
+    def __init__(
+        self,
+        now: float,
+        *,
+        settings: RouterSettings,
+        admission: AdmissionSettings,
+        tenants: dict[str, TenantSettings],
+        max_batch_bytes: int | None = None,
+        batcher: Batcher | None = None,
+        chooser: Chooser | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
+        self.chooser = chooser or make_chooser(settings.scheduler, rng)
+        self.estimates = ServiceEstimates()
+        self.breaker = CircuitBreaker()
+        self.workers = WorkerPool()
+        self.admission = AdmissionController(admission, tenants, now)
+        self.queues = Queues(queue_bounds(admission), admission.aging_s, self.drain_seconds)
+        self.in_flight: dict[int, Dispatch] = {}
+        self.max_batch_bytes = max_batch_bytes
+        self._item_batch: dict[int, int] = {}
+        self._overdue: list[tuple[float, int]] = []
+        """(earliest deadline not yet passed, batch id) of batches in flight."""
+        self._stalls: list[tuple[float, str, int]] = []
+        """(when a worker holding work counts as hung, worker, stamp) — a newer stamp supersedes."""
+        self._stall_stamp: dict[str, int] = {}
+        self._reopens: list[tuple[float, str]] = []
+        """(when a worker's open breaker lets a probe through, worker)."""
+        self._waiting: dict[LaneKey, _Waiting] = {}
+        """Each lane's last batching decision that was to wait (see `_still_waiting`)."""
+        self._lane_limits: dict[LaneKey, LaneLimits] = {}
+        """Each lane's limits, kept for requests that are queued again after their lane emptied."""
+        self._batch_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def new_request(
+        self,
+        now: float,
+        *,
+        lane: LaneKey,
+        rows: int,
+        deadline: float,
+        payload: object,
+        tenant: str,
+        priority: int,
+        weight: float = 1.0,
+        input_bytes: int = 0,
+        response_bytes: int = 0,
+        cost: int = 1,
+    ) -> QueuedRequest:
+        """A request as the core keeps it, with a fresh id; `payload` is the shell's and never looked at.
+        What it weighs on the worker stream (its inputs, its expected outputs and their framing) is what
+        batches are cut by to fit the cluster's message limit."""
+        return QueuedRequest(
+            next(self._request_ids), lane, rows, now, deadline, payload, tenant=tenant, priority=priority,
+            weight=weight, size_bytes=input_bytes, cost=cost,
+            wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
+        )  # fmt: skip
+
+    def limits(self, record: ModelRecord) -> LaneLimits:
+        """The batching limits of a model version's lanes."""
+        limits = (record.max_batch_size, record.max_wait_s, record.max_batch_cost, self.max_batch_bytes)
+        return LaneLimits(*limits)
+
+    def arrive(self, now: float, request: QueuedRequest, limits: LaneLimits) -> Decision:
+        """A validated request: refuse it now, or admit and queue it (evicting less important work)."""
+        decision = Decision()
+        key = request.lane
+        if request.deadline <= now:
+            expired = DeadlineExceeded("deadline already passed on arrival", reason="expired_on_arrival")
+            self._end(decision, request, expired)
+        elif not self.serves(key.model, key.version):
+            self._end(decision, request, _no_worker(key))
+        else:
+            self._lane_limits[key] = limits
+            try:
+                self.admission.admit(request, limits, now, self)
+                self._queue(decision, request)
+            except SluiceError as refused:
+                self._end(decision, request, refused)
+            else:  # only its own lane can have changed: no need for a whole tick
+                lane = self.queues.lanes[key]
+                if self._still_waiting(lane, request, now):
+                    decision.wake(self._waiting[key].when)
+                else:
+                    self._drain(decision, lane, now)
+                decision.wake(lane.earliest_latest_start())
+        return decision
+
+    def _queue(self, decision: Decision, request: QueuedRequest) -> None:
+        """Queue a request; requests it evicts end UNAVAILABLE `shed` (raises if it does not fit)."""
+        for victim in self.queues.push(request, self._lane_limits[request.lane]):
+            shed = Unavailable(
+                "shed to make room for higher-priority work",
+                reason="shed",
+                retry_after_s=self.drain_seconds(victim.lane),
+            )
+            self._end(decision, victim, shed)
+
+    def cancel(self, now: float, request_id: int) -> Decision:
+        """The client went away: the request leaves its queue, or its worker is told to skip it."""
+        decision = Decision()
+        request = self.queues.remove(request_id)
+        if request is None:
+            dispatch = self.in_flight.get(self._item_batch.get(request_id, -1))
+            if dispatch is not None:
+                request = next(r for r in dispatch.requests if r.request_id == request_id)
+                if not request.ended:
+                    decision.drop(dispatch.worker_id, request_id)
+        if request is not None and not request.ended:
+            self._end(decision, request, Cancelled("the client went away", reason="cancelled"))
+        return self._then_tick(decision, now)
+
+    # -- workers ----------------------------------------------------------------------------------------
+    def worker_registered(
+        self,
+        now: float,
+        worker_id: str,
+        models: Mapping[tuple[str, str], Mapping[int, float]],
+        capacity: int,
+        ready: bool,
+    ) -> Decision:
+        """A worker's registration appeared or changed: its model versions (each with the forward time by
+        batch size it measured at warm-up, which seeds estimates nobody has measured yet), its capacity
+        (batches it holds at once, all routers together), ready or draining."""
+        for (model, version), warmup in models.items():
+            if warmup:
+                self.estimates.seed(model, version, warmup)
+        slot = self.workers.add(worker_id, models, capacity, self.settings.batches_in_flight_per_worker)
+        if not slot.batch_s:
+            slot.batch_s = max(self.estimates.batch_seconds(m, v, 1) for m, v in models) if models else 0.0
+        slot.registered_ready = ready
+        self.workers.refresh(slot)
+        return self.tick(now)
+
+    def worker_connected(self, now: float, worker_id: str, connected: bool) -> Decision:
+        """The stream to a worker came up (it takes batches once it also reports READY) or went down."""
+        slot = self.workers.get(worker_id)
+        if slot is not None:
+            slot.connected = connected
+            self.workers.refresh(slot)
+        return self.tick(now)
+
+    def worker_reported(self, now: float, worker_id: str, ready: bool, queued_batches: int) -> Decision:
+        """A load report: whether the worker takes batches, and how many it holds from all routers."""
+        slot = self.workers.get(worker_id)
+        if slot is not None:
+            slot.reported_ready = ready
+            self._others(slot, queued_batches, now)
+        return self.tick(now)
+
+    def worker_left(self, now: float, worker_id: str, why: str) -> Decision:
+        """A worker is gone (deregistered, stream broke): its batches are dispatched once more if their
+        requests' deadlines allow, else they end UNAVAILABLE."""
+        decision = Decision()
+        self._gone(decision, worker_id, why, now)
+        return self._then_tick(decision, now)
+
+    def _gone(self, decision: Decision, worker_id: str, why: str, now: float) -> None:
+        slot = self.workers.get(worker_id)
+        lost = [self.in_flight[b] for b in (slot.batches if slot else ()) if b in self.in_flight]
+        if lost:
+            self.breaker.failure(worker_id, now)
+        for dispatch in lost:
+            self._forget_batch(dispatch)
+            self._lost(decision, dispatch, why, now)
+        if self.workers.remove(worker_id) is not None:
+            self.estimates.forget_worker(worker_id)
+        self._stall_stamp.pop(worker_id, None)
+
+    def send_failed(self, now: float, batch_id: int, why: str) -> Decision:
+        """A batch could not be sent: its requests go elsewhere if they can, like a lost worker's."""
+        decision = Decision()
+        dispatch = self.in_flight.get(batch_id)
+        if dispatch is not None:
+            self._settle_batch(dispatch, now)
+            self._lost(decision, dispatch, why, now)
+        return self._then_tick(decision, now)
+
+    def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
+        """A worker answered a batch: learn from its timing, judge the worker, end each request."""
+        decision = Decision()
+        dispatch = self.in_flight.get(answer.batch_id)
+        if dispatch is None:
+            return self._then_tick(decision, now)  # answered after it was lost or failed: nothing is owed
+        slot = self._settle_batch(dispatch, now)
+        if slot is not None:
+            self._learn(decision, slot, dispatch, answer, now)
+            if answer.queued_batches is not None:
+                self._others(slot, answer.queued_batches, now)
+        if any(item.code and item.worker_fault for item in answer.items.values()):
+            self._breaker_failure(worker_id, now)
+        else:
+            self.breaker.success(worker_id)
+            self._allow(worker_id, now)
+        for request in dispatch.requests:
+            if not request.ended:
+                self._outcome(decision, dispatch, request, answer.items.get(request.request_id), now)
+        return self._then_tick(decision, now)
+
+    def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
+        """End a batch's requests with `error` (the shell could not handle its answer): nothing else."""
+        decision = Decision()
+        dispatch = self.in_flight.get(batch_id)
+        if dispatch is not None:
+            self._settle_batch(dispatch, now)
+            for request in dispatch.requests:
+                self._end(decision, request, error)
+        return decision
+
+    def abandon(self, now: float, error: SluiceError) -> Decision:
+        """End every queued and in-flight request with `error`: the router is stopping, or its loop is
+        stuck. The workers' places are given back; the core can go on afterwards."""
+        decision = Decision()
+        for lane in list(self.queues.lanes.values()):
+            for request in list(lane):
+                lane.remove(request.request_id)
+                self._end(decision, request, error)
+        for batch_id in list(self.in_flight):
+            decision.settled.extend(self.fail_batch(now, batch_id, error).settled)
+        return decision
+
+    def set_tenants(self, now: float, tenants: dict[str, TenantSettings]) -> None:
+        """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
+        self.admission.set_tenants(tenants, now)
+
+    def set_routers(self, now: float, count: int) -> None:
+        """How many routers share the cluster-wide quotas now."""
+        self.admission.limiter.set_routers(count, now)
+
+    # -- time -------------------------------------------------------------------------------------------
+    def tick(self, now: float) -> Decision:
+        """Shed late queued requests, end overdue dispatched ones, find hung workers, reopen breakers, cut
+        every batch that should leave now; say when to tick again."""
+        decision = Decision()
+        for request in self.queues.pop_late(now):
+            self._end(decision, request, self._late(request, now))
+        self._overdue_in_flight(decision, now)
+        self._hung_workers(decision, now)
+        self._reopen_breakers(decision, now)
+        for lane in self.queues.by_urgency(now):
+            self._drain(decision, lane, now)
+        self.queues.prune()
+        decision.wake(self.queues.next_late())
+        return decision
+
+    def _then_tick(self, decision: Decision, now: float) -> Decision:
+        """`decision` followed by a tick (an event can free a place or end a batch's wait)."""
+        ticked = self.tick(now)
+        decision.dispatches.extend(ticked.dispatches)
+        decision.settled.extend(ticked.settled)
+        for worker_id, items in ticked.drops.items():
+            decision.drops.setdefault(worker_id, []).extend(items)
+        decision.lost.extend(ticked.lost)
+        decision.wake(ticked.wake_at)
+        return decision
+
+    def _late(self, request: QueuedRequest, now: float) -> SluiceError:
+        if now >= request.deadline:
+            return DeadlineExceeded("deadline passed while queued", reason="expired_in_queue")
+        return Unavailable(
+            f"shed before its deadline: {(request.deadline - now) * 1000:.1f} ms left is less than the "
+            "estimated time to run it",
+            reason="deadline_unmeetable",
+            retry_after_s=self.drain_seconds(request.lane),
+        )
+
+    def _overdue_in_flight(self, decision: Decision, now: float) -> None:
+        while self._overdue and (self._overdue[0][0] <= now or self._overdue[0][1] not in self.in_flight):
+            _, batch_id = heapq.heappop(self._overdue)
+            dispatch = self.in_flight.get(batch_id)
+            if dispatch is None:
+                continue
+            for request in dispatch.requests:
+                if not request.ended and request.deadline <= now:
+                    overdue = DeadlineExceeded(
+                        "deadline passed before the worker answered", reason="expired_on_worker"
+                    )
+                    self._end(decision, request, overdue)
+                    decision.drop(dispatch.worker_id, request.request_id)
+            later = [r.deadline for r in dispatch.requests if not r.ended]
+            if later:
+                heapq.heappush(self._overdue, (min(later), batch_id))
+        if self._overdue:
+            decision.wake(self._overdue[0][0])
+
+    def _hung_workers(self, decision: Decision, now: float) -> None:
+        while self._stalls and self._stalls[0][0] <= now:
+            _, worker_id, stamp = heapq.heappop(self._stalls)
+            if self._stall_stamp.get(worker_id) == stamp:
+                decision.lost.append(worker_id)
+                self._gone(decision, worker_id, "hung: no progress while holding batches", now)
+        while self._stalls and self._stall_stamp.get(self._stalls[0][1]) != self._stalls[0][2]:
+            heapq.heappop(self._stalls)
+        if self._stalls:
+            decision.wake(self._stalls[0][0])
+
+    def _watch_progress(self, slot: WorkerSlot, now: float) -> None:
+        """(Re)arm the hang timer of a worker after it took or answered work."""
+        stamp = self._stall_stamp.get(slot.worker_id, 0) + 1
+        self._stall_stamp[slot.worker_id] = stamp
+        if slot.in_flight_batches:
+            at = slot.last_progress + max(self.settings.worker_hang_s, HANG_FACTOR * slot.held_s)
+            heapq.heappush(self._stalls, (at, slot.worker_id, stamp))
+
+    def _reopen_breakers(self, decision: Decision, now: float) -> None:
+        while self._reopens and self._reopens[0][0] <= now:
+            _, worker_id = heapq.heappop(self._reopens)
+            self._allow(worker_id, now)
+        if self._reopens:
+            decision.wake(self._reopens[0][0])
+
+    # -- batches ----------------------------------------------------------------------------------------
+    def _still_waiting(self, lane: Lane, newcomer: QueuedRequest, now: float) -> bool:
+        """Whether the lane's last batching decision still stands after `newcomer` joined it: nothing about
+        the workers changed since, the lane is still short of the rows that decision waited for, its time
+        has not come, and the newcomer's budget is no tighter (then asking again would say the same; on
+        a busy lane this spares a decision per arrival)."""
+        waiting = self._waiting.get(lane.key)
+        return (
+            waiting is not None
+            and waiting.epoch == self.workers.epoch
+            and now < waiting.when
+            and lane.rows < waiting.rows
+            and newcomer.latest_start >= waiting.latest_start
+        )
+
+    def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
+        try:
+            self._drain_lane(decision, lane, now)
+        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
+            self._fail_lane(decision, lane, exc)
+
+    def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
+        key = lane.key
+        version = (key.model, key.version)
+        stats = self.queues.stats_of(key)
+
+        known: dict[int, float] = {}
+
+        def batch_seconds(rows: int) -> float:  # asked several times per decision: once per size
+            seconds = known.get(rows)
+            if seconds is None:
+                seconds = known[rows] = self.estimates.batch_seconds(
+                    key.model, key.version, rows, shape=key.shape
+                )
+            return seconds
+
+        def seconds_on(worker_id: str) -> float:
+            rows = min(lane.rows, lane.limits.max_batch_size)
+            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
+
+        while len(lane):
+            serving = self.workers.serving(version)
+            if not len(serving):
+                for request in list(lane):
+                    lane.remove(request.request_id)
+                    self._end(decision, request, _no_worker(key))
+                return
+            free = self.workers.free(version)
+            job = Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on)
+            worker = self.chooser.choose(free, job)
+            if worker is None:
+                return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
+            idle = worker.in_flight_batches == 0 and worker.others == 0
+            free_at = max(worker.busy_until, worker.others_free_at)
+            share = len(serving) / self.admission.limiter.routers
+            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at)
+            verdict = self.batcher.decide(lane, ctx)
+            if not isinstance(verdict, Cut):
+                latest = lane.earliest_latest_start()
+                self._waiting[key] = _Waiting(
+                    verdict.when, verdict.rows, self.workers.epoch, math.inf if latest is None else latest
+                )
+                decision.wake(verdict.when)
+                return
+            self._send(decision, worker, lane, verdict.reason, now)
+
+    def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
+        key = lane.key
+        requests = tuple(lane.pop_batch(now))
+        rows = sum(r.rows for r in requests)
+        expected = self.estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
+        dispatch = Dispatch(
+            next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
+        )
+        self.in_flight[dispatch.batch_id] = dispatch
+        for request in requests:
+            self._item_batch[request.request_id] = dispatch.batch_id
+        heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
+        self.workers.reserve(worker, dispatch.batch_id, rows, now, expected)
+        self.breaker.dispatched(worker.worker_id, now)
+        self._allow(worker.worker_id, now)
+        self._watch_progress(worker, now)
+        decision.dispatches.append(dispatch)
+
+    def _fail_lane(self, decision: Decision, lane: Lane, exc: Exception) -> None:
+        error = Internal(
+            f"the router failed to schedule this request ({type(exc).__name__})", reason="internal"
+        )
+        error.__cause__ = exc
+        for request in list(lane):
+            lane.remove(request.request_id)
+            self._end(decision, request, error)
+
+    def _settle_batch(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
+        """A batch is no longer in flight (answered, lost or unsent): free its worker's place."""
+        self._forget_batch(dispatch)
+        slot = self.workers.get(dispatch.worker_id)
+        if slot is not None and dispatch.batch_id in slot.batches:
+            self.workers.release(slot, dispatch.batch_id, dispatch.rows, now)
+            self._watch_progress(slot, now)
+        return slot
+
+    def _forget_batch(self, dispatch: Dispatch) -> None:
+        self.in_flight.pop(dispatch.batch_id, None)
+        for request in dispatch.requests:
+            self._item_batch.pop(request.request_id, None)
+
+    def _learn(
+        self, decision: Decision, slot: WorkerSlot, dispatch: Dispatch, answer: BatchAnswer, now: float
+    ) -> None:
+        """What the batch cost as the router sees the worker: from when the worker could start it (sent to
+        an idle worker, or its previous answer) to this answer. Besides the forward pass this includes the
+        worker's host work and both hops, which decide how soon it can take the next batch (the forward
+        alone made a fast model look free, so batches stayed tiny)."""
+        previous, slot.last_answer = slot.last_answer, now
+        if not answer.executed_rows:
+            return
+        seconds = max(answer.execute_s, now - max(dispatch.sent_at, previous))
+        slot.batch_s += BATCH_S_WEIGHT * (seconds - slot.batch_s)
+        key = dispatch.lane
+        observed = answer.executed_rows
+        self.estimates.observe(key.model, key.version, observed, seconds, slot.worker_id, shape=key.shape)
+        decision.learned.append(Learned(dispatch, seconds, answer.execute_s))
+
+    def _outcome(
+        self,
+        decision: Decision,
+        dispatch: Dispatch,
+        request: QueuedRequest,
+        item: ItemAnswer | None,
+        now: float,
+    ) -> None:
+        if item is None:
+            missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
+            self._end(decision, request, missing)
+        elif item.code and item.reason == BUSY:
+            busy = Unavailable(item.message, reason=BUSY, retry_after_s=MIN_RETRY_S)
+            self._again_or_end(decision, request, busy, now, charge=False)
+        elif item.code:
+            self._end(decision, request, error_for_code(item.code, item.message, reason="worker_error"))
+        elif now > request.deadline:
+            late = DeadlineExceeded("finished after its deadline", reason="finished_late")
+            self._end(decision, request, late)
+        else:
+            budget = request.deadline - request.arrival
+            if budget > 0:
+                self.queues.stats_of(request.lane).finished((now - request.arrival) / budget)
+            queue_s = dispatch.sent_at - request.arrival
+            self._end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
+
+    def _lost(self, decision: Decision, dispatch: Dispatch, why: str, now: float) -> None:
+        error = Unavailable(
+            f"worker {dispatch.worker_id} was lost before answering ({why})",
+            reason="worker_lost",
+            retry_after_s=WORKER_LOST_RETRY_S,
+        )
+        for request in dispatch.requests:
+            if not request.ended:
+                self._again_or_end(decision, request, error, now, charge=True)
+
+    def _again_or_end(
+        self, decision: Decision, request: QueuedRequest, error: SluiceError, now: float, *, charge: bool
+    ) -> None:
+        """Queue a request again — at most once for `charge`d causes (a lost worker), and only while its
+        latest start has not come — else end it with `error`."""
+        if (charge and request.attempts > 1) or now >= request.latest_start:
+            self._end(decision, request, error)
+            return
+        if charge:
+            request.attempts += 1
+        try:
+            self._queue(decision, request)
+        except SluiceError as refused:
+            self._end(decision, request, refused)
+
+    def _end(self, decision: Decision, request: QueuedRequest, outcome: Served | SluiceError) -> None:
+        """End a request exactly once; its admission slot is released."""
+        if request.ended:
+            return
+        request.ended = True
+        self.admission.release(request)
+        decision.settle(request, outcome)
+
+    # -- workers' load and health ----------------------------------------------------------------------
+    def _others(self, slot: WorkerSlot, queued_batches: int, now: float) -> None:
+        """Batches other routers hold on the worker: what it reports minus ours, and when they should be
+        done (at its typical batch time each)."""
+        slot.others = max(0, queued_batches - slot.in_flight_batches)
+        slot.others_free_at = now + slot.others * slot.batch_s
+        self.workers.refresh(slot)
+
+    def _breaker_failure(self, worker_id: str, now: float) -> None:
+        self.breaker.failure(worker_id, now)
+        self._allow(worker_id, now)
+        reopen = self.breaker.reopens_at(worker_id)
+        if reopen is not None and reopen > now:
+            heapq.heappush(self._reopens, (reopen, worker_id))
+
+    def _allow(self, worker_id: str, now: float) -> None:
+        slot = self.workers.get(worker_id)
+        if slot is not None:
+            slot.allowed = self.breaker.allows(worker_id, now)
+            self.workers.refresh(slot)
+
+    # -- views ------------------------------------------------------------------------------------------
+    def serves(self, model: str, version: str) -> bool:
+        """Whether some accepting worker has this model version."""
+        return len(self.workers.serving((model, version))) > 0
+
+    def rows_ahead(self, key: LaneKey, priority: int) -> int:
+        """Rows queued in the lane at this priority or better (admission's view)."""
+        return self.queues.rows_ahead(key, priority)
+
+    def workers_full(self, key: LaneKey) -> bool:
+        """Whether every worker serving the lane's version is full (admission's view)."""
+        version = (key.model, key.version)
+        return len(self.workers.serving(version)) > 0 and not len(self.workers.free(version))
+
+    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
+        """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""
+        lane = self.queues.lanes.get(key)
+        if rows is None:
+            rows = lane.rows if lane is not None else 0
+        batch = lane.limits.max_batch_size if lane is not None else 1
+        workers = max(1, len(self.workers.serving((key.model, key.version))))
+        per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
+        return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
+
+    def accepting(self, worker_id: str) -> bool:
+        """Whether the worker takes batches from this router now."""
+        slot = self.workers.get(worker_id)
+        return slot is not None and slot.accepting
+
+    def in_flight_on(self, worker_id: str) -> int:
+        """Batches this router has in flight on a worker."""
+        slot = self.workers.get(worker_id)
+        return 0 if slot is None else slot.in_flight_batches
+
+
+def deadline_for(
+    settings: RouterSettings, now: float, time_remaining: float | None, timeout_s: float | None
+) -> float:
+    """A request's deadline: the earlier of its transport deadline and `parameters["timeout"]`, else the
+    default; never further than `max_timeout_s` (a request may only shorten the server's limit)."""
+    budgets = [t for t in (time_remaining, timeout_s) if t is not None]
+    return now + min(*(budgets or [settings.default_timeout_s]), settings.max_timeout_s)
+
+
+def version_to_serve(catalog: ModelCatalog, name: str, version: str, serves: Serves) -> ModelRecord:
+    """The version to serve: the one asked for, or the highest a worker accepts batches for right now (a
+    version registered but not yet connected would only answer UNAVAILABLE), else the highest registered."""
+    if not version:
+        serving = [v for v in catalog.versions(name) if serves(name, v)]
+        if serving:
+            return catalog.resolve(name, serving[-1])
+    return catalog.resolve(name, version)
+
+
+def _no_worker(key: LaneKey) -> Unavailable:
+    return Unavailable(
+        f"no ready worker serves {key.model} version {key.version}",
+        reason="no_worker",
+        retry_after_s=NO_WORKER_RETRY_S,
+    )

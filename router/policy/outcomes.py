@@ -1,0 +1,114 @@
+"""What flows in and out of the router core besides requests: answers from workers, and decisions.
+
+Every event the core takes returns one `Decision`; the shell (the asyncio driver, or the simulator) carries
+it out and does nothing else: send the dispatches, end the settled requests, tell workers to drop items,
+disconnect lost workers, and call `tick` again at `wake_at` at the latest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.errors import SluiceError
+from router.policy.lanes import LaneKey, QueuedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ItemAnswer:
+    """A worker's outcome for one item: `code` 0 with `outputs`, or an error."""
+
+    item_id: int
+    code: int = 0
+    message: str = ""
+    worker_fault: bool = False
+    """The worker blames itself (a device fault, a model that fails its canary): counts against it."""
+    reason: str = ""
+    """Machine-readable cause from the worker, e.g. `worker_busy` (place the batch elsewhere)."""
+    outputs: object = None
+    """The shell's tensors, never inspected by the core."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAnswer:
+    """A worker's answer to one batch."""
+
+    batch_id: int
+    items: dict[int, ItemAnswer]
+    executed_rows: int
+    execute_s: float
+    """The worker's forward time."""
+    queued_batches: int | None = None
+    """Batches the worker still held (all routers) when it answered; None when it did not say."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A batch cut from a lane and assigned to a worker."""
+
+    batch_id: int
+    worker_id: str
+    lane: LaneKey
+    requests: tuple[QueuedRequest, ...]
+    reason: str
+    expected_s: float
+    """Estimated execution time on its worker when it was sent."""
+    sent_at: float
+    rows: int
+    """Batch-dimension rows in the batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A successful outcome: the worker's outputs and how the request was served."""
+
+    worker_id: str
+    batch_rows: int
+    queue_s: float
+    """From arrival until its batch was sent."""
+    outputs: object
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A request that has ended, with its result or typed error. Every request ends exactly once."""
+
+    request: QueuedRequest
+    outcome: Served | SluiceError
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """A batch whose time taught the estimates: what was predicted, and what the core measured."""
+
+    dispatch: Dispatch
+    seconds: float
+    execute_s: float
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the shell must do now, and when to call `tick` again at the latest."""
+
+    dispatches: list[Dispatch] = field(default_factory=list)
+    settled: list[Settled] = field(default_factory=list)
+    drops: dict[str, list[int]] = field(default_factory=dict)
+    """Items each worker should skip (ended here: deadline passed, or the client went away)."""
+    lost: list[str] = field(default_factory=list)
+    """Workers found hung (holding work, no progress): disconnect them."""
+    learned: list[Learned] = field(default_factory=list)
+    wake_at: float | None = None
+    """A tick's `wake_at` is everything the core waits for; another event's only adds what that event
+    changed (an arrival: its lane), so a shell keeps the earlier of that and the time it already had."""
+
+    def settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
+        """Record that `request` ended."""
+        self.settled.append(Settled(request, outcome))
+
+    def drop(self, worker_id: str, item_id: int) -> None:
+        """Tell `worker_id` to skip `item_id`."""
+        self.drops.setdefault(worker_id, []).append(item_id)
+
+    def wake(self, when: float | None) -> None:
+        """Ask to be ticked no later than `when`."""
+        if when is not None and (self.wake_at is None or when < self.wake_at):
+            self.wake_at = when

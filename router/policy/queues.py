@@ -1,0 +1,136 @@
+"""The router's queues: one lane per batch-compatible (model, version, shape), bounded in count and bytes.
+
+Invariants:
+- a queued request is in exactly one lane; the lanes are the only record of what is queued (counts,
+  bytes and the soonest latest start are read off them, never kept twice);
+- with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
+  `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request (worst
+  priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.errors import Unavailable
+from router.policy.lane_stats import LaneStats
+from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+
+DrainSeconds = Callable[[LaneKey], float]
+
+
+@dataclass(frozen=True)
+class QueueBounds:
+    """Limits on queued work."""
+
+    lane_max_queued: int
+    max_queued_bytes: int
+
+
+class Queues:
+    """Every lane of one router, with the bounds and the per-lane arrival statistics."""
+
+    def __init__(self, bounds: QueueBounds | None, aging_s: float, drain_seconds: DrainSeconds) -> None:
+        self.bounds = bounds
+        self.aging_s = aging_s
+        self.lanes: dict[LaneKey, Lane] = {}
+        self.stats: dict[LaneKey, LaneStats] = {}
+        self._drain_seconds = drain_seconds
+
+    def push(self, request: QueuedRequest, limits: LaneLimits) -> list[QueuedRequest]:
+        """Queue a request, evicting less important work if a bound requires it; returns the evicted
+        requests. Raises UNAVAILABLE `queue_full` (with the lane's drain time as hint) when it does not
+        fit and outranks nothing."""
+        lane = self.lanes.get(request.lane)
+        if lane is None:
+            lane = self.lanes[request.lane] = Lane(request.lane, limits, self.aging_s)
+        lane.limits = limits  # the model version's current registration
+        victims = self._make_room(lane, request) if self.bounds else []
+        for victim in victims:
+            self.remove(victim.request_id)
+        lane.push(request)
+        self.stats_of(request.lane).arrived(request.arrival, request.rows)
+        return victims
+
+    def stats_of(self, key: LaneKey) -> LaneStats:
+        """The lane's statistics (kept while the lane empties and refills)."""
+        stats = self.stats.get(key)
+        if stats is None:
+            stats = self.stats[key] = LaneStats()
+        return stats
+
+    def _make_room(self, lane: Lane, request: QueuedRequest) -> list[QueuedRequest]:
+        assert self.bounds is not None
+        victims: list[QueuedRequest] = []
+        if len(lane) >= self.bounds.lane_max_queued:
+            victim = lane.victim(request.priority)
+            if victim is None:
+                raise self._full(request, f"lane {lane.key} holds {len(lane)} requests (its limit)")
+            victims.append(victim)
+        excess = self.queued_bytes() - sum(v.size_bytes for v in victims) + request.size_bytes
+        excess -= self.bounds.max_queued_bytes
+        if excess > 0:
+            chosen = {v.request_id for v in victims}
+            candidates = sorted(
+                (r for other in self.lanes.values() for r in other if r.priority > request.priority),
+                key=lambda r: (-r.priority, -r.arrival),
+            )
+            for candidate in candidates:
+                if excess <= 0:
+                    break
+                if candidate.request_id not in chosen:
+                    victims.append(candidate)
+                    excess -= candidate.size_bytes
+            if excess > 0:
+                raise self._full(request, f"queued inputs would exceed {self.bounds.max_queued_bytes} bytes")
+        return victims
+
+    def _full(self, request: QueuedRequest, why: str) -> Unavailable:
+        return Unavailable(
+            f"queue full: {why}", reason="queue_full", retry_after_s=self._drain_seconds(request.lane)
+        )
+
+    def remove(self, request_id: int) -> QueuedRequest | None:
+        """Take a queued request out (cancelled, evicted); None if it is not queued."""
+        for lane in self.lanes.values():
+            if request_id in lane:
+                return lane.remove(request_id)
+        return None
+
+    def pop_late(self, now: float) -> list[QueuedRequest]:
+        """Every queued request whose latest start has come."""
+        return [request for lane in self.lanes.values() for request in lane.pop_late(now)]
+
+    def next_late(self) -> float | None:
+        """The soonest latest start among queued requests."""
+        soonest = math.inf
+        for lane in self.lanes.values():
+            when = lane.earliest_latest_start()
+            if when is not None and when < soonest:
+                soonest = when
+        return None if math.isinf(soonest) else soonest
+
+    def by_urgency(self, now: float) -> list[Lane]:
+        """Non-empty lanes, the one whose most urgent request must start first, first."""
+        lanes = [lane for lane in self.lanes.values() if len(lane)]
+        return sorted(lanes, key=lambda ln: (ln.earliest_latest_start() or now, ln.key))
+
+    def prune(self) -> None:
+        """Forget empty lanes (their statistics stay)."""
+        for key in [k for k, lane in self.lanes.items() if not len(lane)]:
+            del self.lanes[key]
+
+    def rows_ahead(self, key: LaneKey, priority: int) -> int:
+        """Rows a new request of `priority` would wait behind in the lane."""
+        lane = self.lanes.get(key)
+        return 0 if lane is None else lane.rows_ahead_of(priority)
+
+    def queued(self) -> int:
+        """Requests waiting in lanes."""
+        return sum(len(lane) for lane in self.lanes.values())
+
+    def queued_bytes(self) -> int:
+        """Input bytes of the requests waiting in lanes."""
+        return sum(lane.bytes for lane in self.lanes.values())

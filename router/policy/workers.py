@@ -1,0 +1,211 @@
+"""The router's view of the workers: one slot each, the load every router puts on it, and an index of who
+can take a batch now, per model version.
+
+A worker **accepts** batches while its etcd record says ready, its stream is up and its latest load report
+does not say otherwise (draining, starting). It **has a free place** while this router holds fewer than
+`per_router` batches on it and — counting the batches the other routers hold there, from its latest load
+report or answer — fewer than the worker's own `capacity` (all routers together). Without the second half
+N routers could stack 2·N batches on one worker, each believing it nearly idle.
+
+Invariants (the core relies on them; the simulator at 1,000 workers depends on their cost):
+- `free(key)` holds exactly the accepting, breaker-allowed workers serving `key` with a free place, and
+  `serving(key)` counts the accepting ones; both change in O(models of one worker) on every slot change,
+  so choosing a worker never scans the fleet;
+- `reserve`/`release` are paired once per batch by the core.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+ModelVersion = tuple[str, str]
+
+
+@dataclass(eq=False, slots=True)
+class WorkerSlot:
+    """What this router knows about one worker."""
+
+    worker_id: str
+    models: frozenset[ModelVersion]
+    capacity: int
+    """Batches the worker holds at once from all routers together (its registration)."""
+    per_router: int
+    """Batches this router keeps on it at most (`router.batches_in_flight_per_worker`)."""
+    registered_ready: bool = True
+    connected: bool = False
+    reported_ready: bool = True
+    allowed: bool = True
+    """Its circuit breaker lets a batch through now."""
+    in_flight_batches: int = 0
+    in_flight_rows: int = 0
+    busy_until: float = 0.0
+    """When the batches this router sent it are expected to be done."""
+    last_progress: float = 0.0
+    """When it last answered a batch of ours, or took one while idle (hang detection)."""
+    last_answer: float = -1.0
+    """When it last answered a batch of ours (the learning formula measures from here)."""
+    others: int = 0
+    """Batches other routers held on it at its latest report."""
+    others_free_at: float = 0.0
+    """When those are expected to be done (this router's estimate)."""
+    batch_s: float = 0.0
+    """A typical batch's time on it, as this router measured (what another router's batch is assumed to
+    take there)."""
+    batches: dict[int, float] = field(default_factory=dict)
+    """This router's batches on it: batch id → expected seconds."""
+
+    @property
+    def held_s(self) -> float:
+        """Expected seconds of the batches this router holds on it."""
+        return sum(self.batches.values())
+
+    @property
+    def accepting(self) -> bool:
+        """Whether it takes new batches at all (registered ready, connected, not draining)."""
+        return self.registered_ready and self.connected and self.reported_ready
+
+    @property
+    def has_free_slot(self) -> bool:
+        """Whether one more batch of ours may go to it now."""
+        return (
+            self.accepting
+            and self.allowed
+            and self.in_flight_batches < self.per_router
+            and self.in_flight_batches + self.others < self.capacity
+        )
+
+
+class IndexedSet:
+    """Workers with O(1) add, remove and random sampling (a list plus positions)."""
+
+    def __init__(self) -> None:
+        self._items: list[WorkerSlot] = []
+        self._positions: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[WorkerSlot]:
+        return iter(self._items)
+
+    def __contains__(self, worker_id: str) -> bool:
+        return worker_id in self._positions
+
+    def add(self, slot: WorkerSlot) -> None:
+        """Insert (no-op if present)."""
+        if slot.worker_id not in self._positions:
+            self._positions[slot.worker_id] = len(self._items)
+            self._items.append(slot)
+
+    def discard(self, worker_id: str) -> None:
+        """Remove (no-op if absent): the last item takes the removed one's place."""
+        position = self._positions.pop(worker_id, None)
+        if position is None:
+            return
+        last = self._items.pop()
+        if position < len(self._items):
+            self._items[position] = last
+            self._positions[last.worker_id] = position
+
+    def sample(self, count: int, rng: random.Random) -> list[WorkerSlot]:
+        """`count` distinct members drawn uniformly (all of them when there are fewer)."""
+        if len(self._items) <= count:
+            return list(self._items)
+        return rng.sample(self._items, count)
+
+
+@dataclass
+class WorkerPool:
+    """Every known worker's slot, and the per-version indexes of who serves and who has room."""
+
+    _workers: dict[str, WorkerSlot] = field(default_factory=dict)
+    _free: dict[ModelVersion, IndexedSet] = field(default_factory=dict)
+    _serving: dict[ModelVersion, IndexedSet] = field(default_factory=dict)
+    epoch: int = 0
+    """Counts slot changes: a batching decision taken at one epoch stands until the next."""
+
+    def __contains__(self, worker_id: str) -> bool:
+        return worker_id in self._workers
+
+    def __iter__(self) -> Iterator[WorkerSlot]:
+        return iter(list(self._workers.values()))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def get(self, worker_id: str) -> WorkerSlot | None:
+        """The slot of a worker, if known."""
+        return self._workers.get(worker_id)
+
+    def add(
+        self, worker_id: str, models: Iterable[ModelVersion], capacity: int, per_router: int
+    ) -> WorkerSlot:
+        """Register a worker, or refresh its models and capacity (keeping its in-flight counts)."""
+        slot = self._workers.get(worker_id)
+        if slot is None:
+            slot = self._workers[worker_id] = WorkerSlot(worker_id, frozenset(models), capacity, per_router)
+        else:
+            self._unindex(slot)
+            slot.models, slot.capacity, slot.per_router = frozenset(models), capacity, per_router
+        self.refresh(slot)
+        return slot
+
+    def remove(self, worker_id: str) -> WorkerSlot | None:
+        """Forget a worker."""
+        slot = self._workers.pop(worker_id, None)
+        if slot is not None:
+            self._unindex(slot)
+        return slot
+
+    def refresh(self, slot: WorkerSlot) -> None:
+        """Put the slot where its current state says, in every index of its models."""
+        self.epoch += 1
+        accepting, free = slot.accepting, slot.has_free_slot
+        for key in slot.models:
+            serving = self._serving.setdefault(key, IndexedSet())
+            room = self._free.setdefault(key, IndexedSet())
+            if accepting:
+                serving.add(slot)
+            else:
+                serving.discard(slot.worker_id)
+            if free:
+                room.add(slot)
+            else:
+                room.discard(slot.worker_id)
+
+    def _unindex(self, slot: WorkerSlot) -> None:
+        self.epoch += 1
+        for key in slot.models:
+            for index in (self._serving.get(key), self._free.get(key)):
+                if index is not None:
+                    index.discard(slot.worker_id)
+
+    def serving(self, key: ModelVersion) -> IndexedSet:
+        """Accepting workers that have this model version (do not mutate)."""
+        return self._serving.get(key) or IndexedSet()
+
+    def free(self, key: ModelVersion) -> IndexedSet:
+        """Workers that can take a batch of this version now (do not mutate)."""
+        return self._free.get(key) or IndexedSet()
+
+    def reserve(self, slot: WorkerSlot, batch_id: int, rows: int, now: float, seconds: float) -> None:
+        """A batch of ours, expected to run `seconds`, went to the worker."""
+        if not slot.in_flight_batches:
+            slot.last_progress = now
+        slot.batches[batch_id] = seconds
+        slot.in_flight_batches += 1
+        slot.in_flight_rows += rows
+        slot.busy_until = max(slot.busy_until, now) + seconds
+        self.refresh(slot)
+
+    def release(self, slot: WorkerSlot, batch_id: int, rows: int, now: float) -> None:
+        """A batch of ours was answered (or lost): its place frees up, and the worker is expected to be done
+        with what it still holds from now on (an estimate that ran late must not linger)."""
+        del slot.batches[batch_id]
+        slot.last_progress = now
+        slot.in_flight_batches -= 1
+        slot.in_flight_rows -= rows
+        slot.busy_until = now + slot.held_s
+        self.refresh(slot)
