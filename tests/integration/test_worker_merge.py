@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
-from cli.cluster import free_port
+from common.local_cluster import free_port
 from router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 
