@@ -8,7 +8,7 @@ one lane that the worker pads to different shapes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from common.errors import InvalidArgument
 
@@ -34,3 +34,9 @@ def bucketed(dims: Sequence[int], shape: Sequence[int], buckets: Sequence[int]) 
 def padded_cost(dims: Sequence[int], padded: Sequence[int]) -> int:
     """Elements along the variable dims of one row after padding (1 for fixed-shape inputs)."""
     return math.prod(size for declared, size in zip(dims, padded, strict=True) if declared == -1)
+
+
+def row_cost(inputs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """What one row costs against a model's `max_batch_cost`: the sum over its inputs (declared dims,
+    padded non-batch shape) of `padded_cost`, at least 1. A batch costs its rows times this."""
+    return max(1, sum(padded_cost(dims, padded) for dims, padded in inputs))

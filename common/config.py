@@ -228,8 +228,15 @@ class WorkerSettings(_Section):
     """Name in etcd; empty: hostname-pid."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus /metrics port (0: pick a free one)."""
-    capacity: int = Field(default=2, ge=1, le=64)
-    """Batches accepted per router stream before the router must wait."""
+    capacity: int = Field(default=4, ge=1, le=64)
+    """Batches this worker holds at once (waiting or running), across all routers' streams. A batch
+    arriving beyond it is answered at once, never run: every item UNAVAILABLE with reason `worker_busy`,
+    not the worker's fault, for the router to place elsewhere. Published in the worker's etcd record;
+    routers keep each worker's queue within it using the load on every answer. Batches waiting together
+    for the same model and shape run as one forward, so what a full queue costs a new batch is about one
+    merged forward plus the running one. 4: one running plus one waiting for each of up to 3 routers
+    sending at once, so the device never idles between forwards while every router has its next batch
+    there (docs/operations.md, "Worker capacity"; figures in docs/benchmarks.md)."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """Longest a drain waits for in-flight batches before exiting anyway."""
     synthetic_slowdown: float = Field(default=1.0, gt=0)

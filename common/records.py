@@ -60,7 +60,9 @@ class WorkerRecord(BaseModel):
     addr: str = Field(description="host:port of the worker's gRPC server")
     device: str
     models: tuple[ModelRecord, ...]
-    capacity: int = Field(ge=1, description="batches the worker accepts concurrently per router stream")
+    capacity: int = Field(
+        ge=1, description="batches the worker holds at once across all routers (more: refused worker_busy)"
+    )
     state: WorkerStateName
     started_at: float = Field(description="unix time the process started")
 

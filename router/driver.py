@@ -416,7 +416,10 @@ def _answer(result: worker_pb2.BatchResult) -> BatchAnswer:
         if item.HasField("error"):
             error = item.error
             items[item.item_id] = ItemAnswer(item.item_id, error.code or int(Code.UNKNOWN), error.message,
-                                             error.worker_fault)  # fmt: skip
+                                             error.worker_fault, error.reason)  # fmt: skip
         else:
             items[item.item_id] = ItemAnswer(item.item_id, outputs=list(item.outputs))
-    return BatchAnswer(result.batch_id, items, result.executed_size, result.execute_us / 1e6)
+    forward_rows = result.forward_rows or result.executed_size  # a worker without the merge: its own rows
+    return BatchAnswer(
+        result.batch_id, items, forward_rows, result.execute_us / 1e6, queued_batches=result.queued_batches
+    )

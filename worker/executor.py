@@ -1,11 +1,12 @@
 """Runs batches on one device: validate items, stack them, one forward pass, split the outputs back.
 
-Ownership and threading: one Executor per device. Two stages, so the next batch's staging overlaps the
-current forward: `prepare` validates, pads to the bucket, concatenates and starts the host→device copy
-(pinned buffers, non-blocking, on a dedicated copy stream under CUDA); `execute` waits for that copy, runs
-the forward and copies outputs back; every forward (bisection and canary included) runs in `execute`.
-`prepare` and `execute` may run on two threads (the runner's staging and device threads), one batch each
-at a time; `run` is both in sequence and blocks for the whole batch. Invariants:
+Ownership and threading: one Executor per device. Three steps: `check_item` validates one item and says
+which padded shape it stacks under (the runner uses that to merge batches); `prepare` (or
+`prepare_checked`, for items already checked) groups, pads to the bucket, concatenates and starts the
+host→device copy (pinned buffers, non-blocking, on a dedicated copy stream under CUDA); `execute` waits
+for that copy, runs the forwards and copies outputs back; every forward (bisection and canary included)
+runs in `execute`. `prepare` and `execute` may run on two threads, one batch each at a time (the runner
+runs both on its device thread); `run` is both in sequence and blocks for the whole batch. Invariants:
 - every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
 - a malformed item (worker/validation.py) fails alone with InvalidArgument, never blamed on the worker;
   the others still run;
@@ -39,7 +40,7 @@ from worker.backends import Backend, load_backend
 from worker.faults import is_fatal_device_error
 from worker.isolation import isolate
 from worker.model_config import ModelConfig
-from worker.padding import group_key, stack
+from worker.padding import ShapeKey, group_key, stack
 from worker.repository import ModelVersionSpec
 from worker.validation import check_outputs, item_rows
 
@@ -81,12 +82,33 @@ class LoadedModel:
 
 
 @dataclass(frozen=True)
+class CheckedItem:
+    """An item after validation: its rows and the padded shape it stacks under, or the InvalidArgument
+    that keeps it out of every forward (it then fails alone)."""
+
+    item: ExecItem
+    rows: int = 0
+    shape: ShapeKey | None = None
+    error: InvalidArgument | None = None
+
+
+def check_item(config: ModelConfig, item: ExecItem) -> CheckedItem:
+    """Validate `item` against `config` (worker/validation.py) and find its padded shape."""
+    try:
+        rows = item_rows(config, item.inputs)
+    except InvalidArgument as exc:
+        return CheckedItem(item, error=exc)
+    return CheckedItem(item, rows, group_key(config, item.inputs))
+
+
+@dataclass(frozen=True)
 class _Planned:
-    """A validated item: its position in the batch and its row count."""
+    """A validated item: its position in the batch, its row count and padded shape."""
 
     index: int
     item: ExecItem
     rows: int
+    shape: ShapeKey = ()
 
 
 @dataclass
@@ -109,6 +131,11 @@ class PreparedBatch:
     outcomes: dict[int, ItemOutcome]
     forwards: list[_Staged]
     copied: Any = None  # a torch.cuda.Event recorded on the copy stream, under CUDA
+
+    @property
+    def forward_rows(self) -> int:
+        """Rows that go into forwards (items that failed validation excluded)."""
+        return sum(staged.rows for staged in self.forwards)
 
 
 class Executor:
@@ -144,6 +171,14 @@ class Executor:
     ) -> PreparedBatch:
         """Validate, group and stage inputs on the device (asynchronously under CUDA)."""
         config = model.spec.config
+        return self.prepare_checked(model, [check_item(config, item) for item in items], outputs)
+
+    def prepare_checked(
+        self, model: LoadedModel, items: Sequence[CheckedItem], outputs: Sequence[str] = ()
+    ) -> PreparedBatch:
+        """`prepare` for items `check_item` already validated against this model: group and stage them.
+        Items may come from several batches (the runner's merge): outcomes follow the order given."""
+        config = model.spec.config
         declared = [t.name for t in config.outputs]
         requested = list(dict.fromkeys(outputs)) or declared
         prepared = PreparedBatch(model, len(items), requested, {}, [])
@@ -153,14 +188,17 @@ class Executor:
                 f"model {config.name!r} has no output(s) {unknown} (outputs: {declared})",
                 reason="unknown_output",
             )
-            prepared.outcomes = {i: ItemOutcome(item.item_id, None, error) for i, item in enumerate(items)}
+            prepared.outcomes = {
+                i: ItemOutcome(checked.item.item_id, None, error) for i, checked in enumerate(items)
+            }
             return prepared
         valid: list[_Planned] = []
-        for index, item in enumerate(items):
-            try:
-                valid.append(_Planned(index, item, item_rows(config, item.inputs)))
-            except InvalidArgument as exc:
-                prepared.outcomes[index] = ItemOutcome(item.item_id, None, exc)
+        for index, checked in enumerate(items):
+            if checked.error is not None or checked.shape is None:
+                error = checked.error or InvalidArgument("item was not validated", reason="bad_input")
+                prepared.outcomes[index] = ItemOutcome(checked.item.item_id, None, error)
+            else:
+                valid.append(_Planned(index, checked.item, checked.rows, checked.shape))
         prepared.forwards = [self._stage(model, group) for group in _forward_groups(config, valid)]
         if self._copy_stream is not None:
             prepared.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -347,10 +385,9 @@ def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
     """Items of equal padded (bucketed) shape, in arrival order, cut so no group exceeds max_batch_size
     rows."""
-    by_shape: dict[tuple[tuple[int, ...], ...], list[list[_Planned]]] = {}
+    by_shape: dict[ShapeKey, list[list[_Planned]]] = {}
     for planned in valid:
-        key = group_key(config, planned.item.inputs)
-        groups = by_shape.setdefault(key, [[]])
+        groups = by_shape.setdefault(planned.shape, [[]])
         if sum(p.rows for p in groups[-1]) + planned.rows > config.max_batch_size:
             groups.append([])
         groups[-1].append(planned)

@@ -79,6 +79,7 @@ class WorkerProcess:
             self.executor,
             self.models,
             self.metrics,
+            capacity=settings.capacity,
             tracer=tracer(self.tracer_provider, "sluice.worker"),
             on_device_fault=self._on_device_fault,
         )

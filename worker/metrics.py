@@ -14,22 +14,27 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.batches = Counter(
-            "sluice_worker_batches", "Batches executed", ["model"], registry=r,
+            "sluice_worker_batches", "Router batches executed (merged ones counted each)", ["model"],
+            registry=r,
         )  # fmt: skip
         self.items = Counter(
             "sluice_worker_items", "Items answered, by status code", ["model", "code"], registry=r,
         )  # fmt: skip
         self.batch_size = Histogram(
-            "sluice_worker_batch_size", "Rows per executed batch",
+            "sluice_worker_batch_size", "Rows per forward pass (batches merged into it together)",
             ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip
         self.execute = Histogram(
-            "sluice_worker_execute_seconds", "Forward-pass time per batch (transfers included)",
+            "sluice_worker_execute_seconds", "Time per forward pass (staging and transfers included)",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             "sluice_worker_queue_wait_seconds", "Time a batch waited on the worker before executing",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.refused = Counter(
+            "sluice_worker_refused_batches", "Batches answered unexecuted, by reason (worker_busy: full)",
+            ["reason"], registry=r,
         )  # fmt: skip
         self.queued_batches = Gauge(
             "sluice_worker_queued_batches", "Batches accepted and not yet answered", registry=r,

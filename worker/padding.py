@@ -20,6 +20,8 @@ from common.buckets import bucketed
 from worker.model_config import ModelConfig, TensorConfig
 
 Array = npt.NDArray[Any]
+ShapeKey = tuple[tuple[int, ...], ...]
+"""Each input's non-batch dims after padding, in config order: items with equal keys stack together."""
 
 
 def padded_dims(config: ModelConfig, spec: TensorConfig, shape: Sequence[int]) -> tuple[int, ...]:
@@ -27,7 +29,7 @@ def padded_dims(config: ModelConfig, spec: TensorConfig, shape: Sequence[int]) -
     return bucketed(spec.dims, shape[1:], config.batching.buckets.get(spec.name, ()))
 
 
-def group_key(config: ModelConfig, inputs: dict[str, Array]) -> tuple[tuple[int, ...], ...]:
+def group_key(config: ModelConfig, inputs: dict[str, Array]) -> ShapeKey:
     """Items with equal keys can be padded to one shape and stacked."""
     return tuple(padded_dims(config, spec, inputs[spec.name].shape) for spec in config.inputs)
 

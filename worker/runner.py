@@ -1,20 +1,39 @@
-"""The batch runner: one batch at a time per device, in arrival order across every router's stream.
+"""The batch runner: the device's queue across every router's stream, merged forwards, one answer per batch.
 
-Each accepted batch gets exactly one BatchResult with an outcome for every item, sent on the stream it
-came from. Items are skipped (never executed) when the router cancelled them or their deadline budget ran
-out before staging; an item cancelled while executing gets CANCELLED instead of its outputs. Each item
-error says whether the worker is to blame (`ItemError.worker_fault`: the executor's blame, a worker bug,
-a model this worker does not serve) or not (the item's own fault, a cancellation, a deadline).
+Ownership and threads: this class lives on the event loop: it accepts batches, keeps the queue's counts
+and sends answers. One device thread (worker/device_thread.py) does all the rest, so the device never
+waits for the loop and the loop is woken once per forward.
+- `submit` accepts a batch, or refuses it at once when the worker already holds `capacity` batches (all
+  routers' streams together): every item UNAVAILABLE with reason "worker_busy", never executed, not the
+  worker's fault, so the router places it elsewhere.
+- The device thread, whenever the device is free, runs the oldest waiting batch merged with the waiting
+  batches of the same model, version, outputs and padded shape that fit (worker/merging.py; from any
+  stream; nothing waits for a merge partner), and hands the answers of every batch in that forward back
+  with one `call_soon_threadsafe`.
+- `_finish` (on the loop) encodes each batch's outcomes and sends its BatchResult on the stream it came
+  from, with the queue left behind it (`queued_batches`, `queued_rows`) and the forward's rows
+  (`forward_rows`).
 
-One exception: a device fault (worker/faults.py). The batch that met it is answered (its items blamed on
-the worker), `on_device_fault` is called once, and every batch not yet run is dropped unanswered, never
-touching the device again: the worker is leaving, its streams close, and routers treat those items as
-lost with the worker (re-dispatched elsewhere) — the item that broke the device was in the answered batch.
+Why staging no longer runs ahead on a second thread: the next forward can only be formed when the device
+is free (that is when the batches waiting for it are known), and staging ahead would fix its members one
+forward early, so a batch arriving mid-forward would wait two forwards instead of one. Staging is small
+next to a forward (docs/architecture.md has the figures), and one thread also means one loop wake-up per
+forward instead of two per batch.
 
-Two stages on two threads, so the event loop keeps reading streams and the device never waits for host
-work: the staging thread decodes, validates, concatenates and starts the copy to the device of batch N+1
-while the device thread runs the forward of batch N, and any re-run of it (bisection, the canary). At most
-one staged batch waits for the device.
+Each accepted batch gets exactly one BatchResult with an outcome for every item. Items are skipped (never
+executed) when the router cancelled them or their deadline budget ran out before their forward started;
+an item cancelled while executing gets CANCELLED instead of its outputs. Items of merged batches are
+isolated and blamed as one batch's are (worker/executor.py): an item that fails alone fails alone, whichever
+stream it came from, and one that succeeds proves the model works for all of them. Each item error says
+whether the worker is to blame (`ItemError.worker_fault`) and why (`ItemError.reason`).
+
+One exception: a device fault (worker/faults.py). The batches of the forward that met it are answered
+(their items blamed on the worker), `on_device_fault` is called once, and every batch not yet run is
+dropped unanswered, never touching the device again: the worker is leaving, its streams close, and
+routers treat those items as lost with the worker (re-dispatched elsewhere).
+
+Shared state: the device thread only reads a stream's `cancelled` set and `open` flag; only the loop
+writes them (worker/device_thread.py).
 """
 
 from __future__ import annotations
@@ -22,25 +41,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from common.errors import Cancelled, Code, DeadlineExceeded, Internal, NotFound, SluiceError
+from common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
 from common.pb.sluice.v1 import worker_pb2
-from common.telemetry import extract_mapping
-from common.tensors import from_wire, to_wire
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
+from common.tensors import to_wire
+from worker.busy import BusyWindow
+from worker.device_thread import Answer, DeviceThread, Forward, Work, fail_all
+from worker.executor import Executor, ItemOutcome, LoadedModel
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 BUSY_WINDOW_S = 5.0
+BUSY_SLOTS = 20
+"""busy_fraction covers the last 5 s to within one 0.25 s slot (worker/busy.py)."""
+WORKER_BUSY = "worker_busy"
+_MAX_ITEM_ROWS = 1 << 16  # a router's claimed rows per item, as counted in queued_rows (bounded edge value)
+_UINT32_MAX = 0xFFFFFFFF
+_UNKNOWN_MODEL = "_unknown"  # metric label for batches of models this worker does not serve (bounded)
 
 
 @dataclass(eq=False)
@@ -57,30 +79,15 @@ class StreamState:
             self.outbox.put_nowait(message)
 
 
-@dataclass
-class _Work:
-    batch: worker_pb2.Batch
-    stream: StreamState
-    received_at: float
-
-
-@dataclass
-class _Ready:
-    """A batch after staging: items skipped before staging, and what the device must run."""
-
-    work: _Work
-    skipped: list[worker_pb2.ItemResult]
-    runnable: list[ExecItem]
-    prepared: PreparedBatch | None
-
-
 def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemResult:
-    error = worker_pb2.ItemError(code=int(err.code), message=err.message, worker_fault=worker_fault)
+    error = worker_pb2.ItemError(
+        code=int(err.code), message=err.message, worker_fault=worker_fault, reason=err.reason
+    )
     return worker_pb2.ItemResult(item_id=item_id, error=error)
 
 
 class BatchRunner:
-    """Executes queued batches sequentially and reports results and load."""
+    """Runs accepted batches on the device, merged where they can be, and answers each on its stream."""
 
     def __init__(
         self,
@@ -88,32 +95,36 @@ class BatchRunner:
         models: dict[tuple[str, str], LoadedModel],
         metrics: WorkerMetrics,
         *,
+        capacity: int,
         now: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
         on_device_fault: Callable[[Internal], None] | None = None,
     ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
         self._executor = executor
-        self._on_device_fault = on_device_fault
-        self._tracer = tracer or NoOpTracer()
         self._models = models
         self._metrics = metrics
+        self._capacity = capacity
         self._now = now
-        self._queue: asyncio.Queue[_Work] = asyncio.Queue()
-        self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
-        self._staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="staging")
-        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
+        self._on_device_fault = on_device_fault
+        self._fault_reported = False
+        self._device = DeviceThread(
+            executor, models, now=now, tracer=tracer or NoOpTracer(), deliver=self._post
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
         self._queued_items = 0
+        self._queued_rows = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._busy_spans: deque[tuple[float, float]] = deque()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._busy = BusyWindow(BUSY_WINDOW_S, BUSY_SLOTS)
         self.batches_executed = 0
         self.items_executed = 0
 
     @property
     def pending_batches(self) -> int:
-        """Batches accepted and not yet answered (the executing one included)."""
+        """Batches accepted and not yet answered (those executing included): never above `capacity`."""
         return self._pending
 
     @property
@@ -121,28 +132,32 @@ class BatchRunner:
         """Items in batches accepted and not yet answered."""
         return self._queued_items
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows (items' leading dims, as the routers sent them) in batches accepted and not yet answered."""
+        return self._queued_rows
+
     def start(self) -> None:
-        """Start staging and executing in the background."""
-        self._tasks = [
-            asyncio.create_task(self._stage_loop(), name="batch-staging"),
-            asyncio.create_task(self._execute_loop(), name="batch-execution"),
-        ]
+        """Start the device thread; answers are delivered on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._device.start()
 
     async def stop(self) -> None:
-        """Stop both loops and their threads."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._staging.shutdown(wait=True, cancel_futures=True)
-        self._device.shutdown(wait=True, cancel_futures=True)
+        """Stop the device thread after the forward it is running, if any; batches not run stay unanswered."""
+        await self._device.stop()
 
     def submit(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
-        """Accept a batch for execution."""
+        """Accept a batch for execution, or refuse it at once if the worker already holds `capacity`."""
+        if self._pending >= self._capacity:
+            self._refuse(batch, stream)
+            return
+        rows = _claimed_rows(batch)
         self._pending += 1
         self._queued_items += len(batch.items)
+        self._queued_rows += rows
         self._idle.clear()
         self._metrics.queued_batches.set(self._pending)
-        self._queue.put_nowait(_Work(batch, stream, self._now()))
+        self._device.put(Work(batch, stream, self._now(), rows))
 
     async def wait_idle(self, within_s: float) -> bool:
         """Wait until no batch is queued or executing (False on timeout)."""
@@ -153,154 +168,117 @@ class BatchRunner:
         return True
 
     def busy_fraction(self) -> float:
-        """Share of the last BUSY_WINDOW_S spent executing."""
-        now = self._now()
-        horizon = now - BUSY_WINDOW_S
-        while self._busy_spans and self._busy_spans[0][1] < horizon:
-            self._busy_spans.popleft()
-        busy = sum(end - max(start, horizon) for start, end in self._busy_spans)
-        return min(1.0, busy / BUSY_WINDOW_S)
+        """Share of the last BUSY_WINDOW_S the device spent on forwards (O(1): worker/busy.py)."""
+        return self._busy.fraction(self._now())
 
-    async def _stage_loop(self) -> None:
-        while True:
-            work = await self._queue.get()
-            try:
-                ready = await self._stage(work)
-            except Exception as exc:  # a bug must fail this batch's items, not stop the worker
-                log.exception("staging batch %d failed", work.batch.batch_id)
-                ready = _Ready(work, _fail_all(work.batch, exc), [], None)
-            await self._ready.put(ready)
+    # -- the loop's side ----------------------------------------------------------------------------------
+    def _refuse(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
+        busy = Unavailable(
+            f"worker holds {self._pending} batches, its capacity ({self._capacity}); place this batch on "
+            "another worker",
+            reason=WORKER_BUSY,
+        )
+        result = worker_pb2.BatchResult(batch_id=batch.batch_id)
+        result.items.extend(_error(item.item_id, busy) for item in batch.items)
+        self._stamp_queue(result)
+        stream.send(worker_pb2.WorkerMessage(result=result))
+        label = self._label(batch)
+        self._metrics.refused.labels(WORKER_BUSY).inc()
+        self._metrics.items.labels(label, Code.UNAVAILABLE.name).inc(len(batch.items))
 
-    async def _execute_loop(self) -> None:
-        while True:
-            ready = await self._ready.get()
-            try:
-                if self._executor.fault is None:  # else dropped unanswered (module docstring)
-                    await self._answer(ready)
-            finally:
-                self._pending -= 1
-                self._queued_items -= len(ready.work.batch.items)
-                self._metrics.queued_batches.set(self._pending)
-                if self._pending == 0:
-                    self._idle.set()
-
-    async def _answer(self, ready: _Ready) -> None:
-        """Execute one batch, send its result, and report a device fault it met (once: later batches are
-        dropped)."""
-        try:
-            result = await self._execute(ready)
-        except Exception as exc:  # a bug must fail this batch's items, not stop the worker
-            log.exception("executing batch %d failed", ready.work.batch.batch_id)
-            result = worker_pb2.BatchResult(batch_id=ready.work.batch.batch_id)
-            result.items.extend(_fail_all(ready.work.batch, exc))
-        ready.work.stream.send(worker_pb2.WorkerMessage(result=result))
+    def _finish(self, forward: Forward) -> None:
+        """On the loop: answer every batch of a finished forward (or forget dropped ones)."""
+        for answer in forward.answers:
+            work = answer.work
+            self._pending -= 1
+            self._queued_items -= len(work.batch.items)
+            self._queued_rows -= work.rows
+        self._metrics.queued_batches.set(self._pending)
+        if self._pending == 0:
+            self._idle.set()
+        if forward.dropped:
+            return
+        self._busy.add(forward.start, forward.end)
+        for answer in forward.answers:
+            self._answer(answer, forward)
+        label = self._label(forward.answers[0].work.batch)
+        if forward.rows:
+            self._metrics.batch_size.labels(label).observe(forward.rows)
+            self._metrics.execute.labels(label).observe(forward.end - forward.start)
         fault = self._executor.fault
-        if fault is not None and self._on_device_fault is not None:
+        if fault is not None and self._on_device_fault is not None and not self._fault_reported:
+            self._fault_reported = True
             self._on_device_fault(fault)
 
-    async def _stage(self, work: _Work) -> _Ready:
-        batch = work.batch
-        if self._executor.fault is not None:  # will be dropped: the device must not be touched again
-            return _Ready(work, [], [], None)
-        model = self._models.get((batch.model, batch.version))
-        if model is None:
-            # The router believed this worker serves it: the item is not to blame.
-            missing = NotFound(f"worker does not serve {batch.model} version {batch.version}")
-            skipped = [_error(item.item_id, missing, worker_fault=True) for item in batch.items]
-            return _Ready(work, skipped, [], None)
-        runnable, skipped = self._select(work, self._now())
-        prepared = None
-        if runnable:
-            loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(
-                self._staging, self._executor.prepare, model, runnable, list(batch.outputs)
-            )
-        return _Ready(work, skipped, runnable, prepared)
-
-    async def _execute(self, ready: _Ready) -> worker_pb2.BatchResult:
-        work = ready.work
+    def _answer(self, answer: Answer, forward: Forward) -> None:
+        work = answer.work
         result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
-        start = self._now()
-        outcomes: list[ItemOutcome] = []
-        span = self._tracer.start_span(
-            "sluice.execute",
-            context=extract_mapping(work.batch.trace_context),
-            attributes={
-                "sluice.model": work.batch.model,
-                "sluice.version": work.batch.version,
-                "sluice.items": len(work.batch.items),
-            },
-        )
         try:
-            if ready.prepared is not None:
-                loop = asyncio.get_running_loop()
-                outcomes = await loop.run_in_executor(self._device, self._executor.execute, ready.prepared)
-        finally:
-            span.set_attribute("sluice.rows", sum(_rows(item) for item in ready.runnable))
-            span.end()
-        end = self._now()
-        result.items.extend(ready.skipped)
-        result.items.extend(self._encode(o, work.stream) for o in outcomes)
-        result.executed_size = sum(_rows(item) for item in ready.runnable)
-        result.queue_us = round((start - work.received_at) * 1e6)
-        result.execute_us = round((end - start) * 1e6)
-        self._account(work.batch.model, work, result, start, end)
-        return result
+            for outcome in answer.skipped:
+                work.stream.cancelled.discard(outcome.item_id)
+                result.items.append(_encode(outcome))
+            result.items.extend(_encode(o, work.stream) for o in answer.executed)
+        except Exception as exc:  # a bug must fail this batch's items, not stop the worker
+            log.exception("answering batch %d failed", work.batch.batch_id)
+            del result.items[:]
+            result.items.extend(_encode(outcome) for outcome in fail_all(work.batch, exc))
+        result.executed_size = answer.executed_rows
+        result.forward_rows = forward.rows if answer.executed_rows else 0
+        result.queue_us = round((forward.start - work.received_at) * 1e6)
+        result.execute_us = round((forward.end - forward.start) * 1e6)
+        self._stamp_queue(result)
+        work.stream.send(worker_pb2.WorkerMessage(result=result))
+        self._account(work, result, forward.start)
 
-    def _select(self, work: _Work, now: float) -> tuple[list[ExecItem], list[worker_pb2.ItemResult]]:
-        runnable: list[ExecItem] = []
-        skipped: list[worker_pb2.ItemResult] = []
-        for item in work.batch.items:
-            if item.item_id in work.stream.cancelled or not work.stream.open:
-                work.stream.cancelled.discard(item.item_id)
-                skipped.append(_error(item.item_id, Cancelled("cancelled by the router")))
-            elif item.budget_us and work.received_at + item.budget_us / 1e6 <= now:
-                skipped.append(_error(item.item_id, DeadlineExceeded("deadline passed before execution")))
-            else:
-                try:
-                    inputs = {t.name: from_wire(t) for t in item.inputs}
-                except SluiceError as err:
-                    skipped.append(_error(item.item_id, err))
-                    continue
-                runnable.append(ExecItem(item.item_id, inputs))
-        return runnable, skipped
+    def _stamp_queue(self, result: worker_pb2.BatchResult) -> None:
+        result.queued_batches = min(self._pending, _UINT32_MAX)
+        result.queued_rows = min(max(self._queued_rows, 0), _UINT32_MAX)
 
-    @staticmethod
-    def _encode(outcome: ItemOutcome, stream: StreamState) -> worker_pb2.ItemResult:
-        if outcome.item_id in stream.cancelled:
-            stream.cancelled.discard(outcome.item_id)
-            return _error(outcome.item_id, Cancelled("cancelled by the router during execution"))
-        if outcome.error is not None or outcome.outputs is None:
-            error = outcome.error or SluiceError("no outputs")
-            return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
-        tensors = [to_wire(name, array) for name, array in outcome.outputs.items()]
-        return worker_pb2.ItemResult(item_id=outcome.item_id, outputs=tensors)
-
-    def _account(
-        self, model: str, work: _Work, result: worker_pb2.BatchResult, start: float, end: float
-    ) -> None:
-        self._busy_spans.append((start, end))
+    def _account(self, work: Work, result: worker_pb2.BatchResult, start: float) -> None:
         self.batches_executed += 1
         self.items_executed += result.executed_size
+        label = self._label(work.batch)
         m = self._metrics
-        m.batches.labels(model).inc()
-        m.batch_size.labels(model).observe(result.executed_size)
-        m.execute.labels(model).observe(end - start)
-        m.queue_wait.labels(model).observe(start - work.received_at)
+        m.batches.labels(label).inc()
+        m.queue_wait.labels(label).observe(start - work.received_at)
         for item in result.items:
             code = item.error.code if item.HasField("error") else 0
-            m.items.labels(model, _code_name(code)).inc()
-        m.busy_ratio.set(self.busy_fraction())
+            m.items.labels(label, _code_name(code)).inc()
+
+    def _label(self, batch: worker_pb2.Batch) -> str:
+        """The model as a metric label: only models served here, so a router cannot grow the label set."""
+        return batch.model if (batch.model, batch.version) in self._models else _UNKNOWN_MODEL
+
+    def _post(self, forward: Forward) -> None:
+        """On the device thread: hand a finished forward to the loop, its one wake-up for all the forward's
+        batches."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._finish, forward)
+        except RuntimeError:  # the loop is closed: nobody is left to answer
+            log.warning("event loop closed; %d batch answers dropped", len(forward.answers))
 
 
-def _fail_all(batch: worker_pb2.Batch, exc: Exception) -> list[worker_pb2.ItemResult]:
-    error = Internal(f"worker failed on this batch: {type(exc).__name__}: {exc}", reason="worker_bug")
-    return [_error(item.item_id, error, worker_fault=True) for item in batch.items]
+def _encode(outcome: ItemOutcome, stream: StreamState | None = None) -> worker_pb2.ItemResult:
+    """The wire form of an outcome; with `stream`, an executed item the router cancelled meanwhile
+    becomes CANCELLED instead of its outputs."""
+    if stream is not None and outcome.item_id in stream.cancelled:
+        stream.cancelled.discard(outcome.item_id)
+        return _error(outcome.item_id, Cancelled("cancelled by the router during execution"))
+    if outcome.error is not None or outcome.outputs is None:
+        error = outcome.error or SluiceError("no outputs")
+        return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
+    tensors = [to_wire(name, array) for name, array in outcome.outputs.items()]
+    return worker_pb2.ItemResult(item_id=outcome.item_id, outputs=tensors)
 
 
-def _rows(item: ExecItem) -> int:
-    first: Any = next(iter(item.inputs.values()), np.empty((0,)))
-    return int(first.shape[0]) if first.ndim else 1
+def _claimed_rows(batch: worker_pb2.Batch) -> int:
+    """The batch's rows as the router sent them (each item's first input's leading dim, bounded)."""
+    rows = 0
+    for item in batch.items:
+        shape: Sequence[int] = item.inputs[0].shape if item.inputs else ()
+        rows += min(max(shape[0], 1), _MAX_ITEM_ROWS) if shape else 1
+    return rows
 
 
 def _code_name(code: int) -> str:

@@ -35,6 +35,8 @@ class BatchAnswer:
     batch_id: int
     items: dict[int, ItemAnswer]
     executed_rows: int
+    """Rows of the forward the batch ran in, batches the worker merged with it included (0: nothing ran):
+    what `execute_s` bought, so what the latency fits learn from."""
     execute_s: float
     """The worker's forward time."""
     queued_batches: int | None = None

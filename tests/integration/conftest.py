@@ -73,13 +73,21 @@ def spawn(
     demo_repo: Path, etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path
 ) -> Iterator[Spawn]:
     """Start `sluice worker` processes (the demo `synthetic` model unless told otherwise) that accept the
-    test's cluster token; all are killed at teardown."""
+    test's cluster token (`env`: more SLUICE_* settings); all are killed at teardown."""
     started: list[WorkerProcess] = []
 
     def start(
-        worker_id: str, models: str = "synthetic", repository: Path | None = None, slowdown: float = 1.0
+        worker_id: str,
+        models: str = "synthetic",
+        repository: Path | None = None,
+        slowdown: float = 1.0,
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
-        env = {"SLUICE_WORKER__SYNTHETIC_SLOWDOWN": str(slowdown), "SLUICE_CLUSTER__TOKEN": cluster_token}
+        env = {
+            **(env or {}),
+            "SLUICE_WORKER__SYNTHETIC_SLOWDOWN": str(slowdown),
+            "SLUICE_CLUSTER__TOKEN": cluster_token,
+        }
         worker = WorkerProcess(
             worker_id, repository or demo_repo, etcd_settings, tmp_path, models=models, env=env
         )

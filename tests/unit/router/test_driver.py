@@ -63,7 +63,9 @@ TENANT = Tenant("gold", TenantSettings(rate=1e6, burst=10**6, max_inflight=10**6
 class FakeLink(WorkerLink):
     """The router's end of a stream, without the stream: records what is sent; answers if told to."""
 
-    def __init__(self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0) -> None:
+    def __init__(
+        self, worker_id: str, driver: Driver | None = None, *, fail_sends: int = 0, busy: int = 0
+    ) -> None:
         super().__init__(
             worker_id,
             "unused:0",
@@ -74,6 +76,8 @@ class FakeLink(WorkerLink):
         )
         self.driver = driver
         self.fail_sends = fail_sends
+        self.busy = busy
+        """How many batches to refuse `worker_busy` (with a full queue) before running any."""
         self.sent: list[worker_pb2.RouterMessage] = []
         self.closed_by_router = False
 
@@ -87,10 +91,19 @@ class FakeLink(WorkerLink):
         return True
 
     def _answer(self, batch: worker_pb2.Batch) -> None:
-        result = worker_pb2.BatchResult(batch_id=batch.batch_id, executed_size=len(batch.items))
-        for item in batch.items:
-            out = worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\0" * 8)
-            result.items.add(item_id=item.item_id, outputs=[out])
+        if self.busy:
+            self.busy -= 1
+            result = worker_pb2.BatchResult(batch_id=batch.batch_id, queued_batches=4)
+            for item in batch.items:
+                refusal = worker_pb2.ItemError(
+                    code=int(Code.UNAVAILABLE), message="busy", reason="worker_busy"
+                )
+                result.items.add(item_id=item.item_id, error=refusal)
+        else:
+            result = worker_pb2.BatchResult(batch_id=batch.batch_id, executed_size=len(batch.items))
+            for item in batch.items:
+                out = worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\0" * 8)
+                result.items.add(item_id=item.item_id, outputs=[out])
         driver = self.driver
         assert driver is not None
         message = worker_pb2.WorkerMessage(result=result)
@@ -152,6 +165,24 @@ async def test_a_batch_that_cannot_be_sent_fails_alone_and_the_loop_goes_on(link
         assert await infer(driver) == Code.INTERNAL
         assert [await infer(driver) for _ in range(3)] == [Code.OK] * 3
         assert driver.healthy(driver.clock.now())
+    finally:
+        await driver.stop()
+
+
+async def test_a_batch_the_worker_refuses_as_busy_runs_on_another_worker(links: WorkerLinks) -> None:
+    driver = make_driver(links)
+    full, free = FakeLink("w1", driver, busy=1), FakeLink("w2", driver)
+    links.add(full)
+    links.add(free)
+    join(driver, "w1")
+    driver.start()
+    try:
+        pending = asyncio.ensure_future(infer(driver))
+        await eventually(lambda: bool(full.sent), 2.0, "a batch sent to w1")
+        join(driver, "w2")
+        assert await pending == Code.OK  # not the worker's UNAVAILABLE: the router placed it again
+        assert any(m.HasField("batch") for m in free.sent)
+        assert driver.core.workers.get("w1").others == 4  # type: ignore[union-attr]  # its queue is known
     finally:
         await driver.stop()
 

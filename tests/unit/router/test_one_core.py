@@ -112,7 +112,7 @@ def recording_core(router: int, plan: RunPlan) -> RouterCore:
 def answer_for(core: RouterCore, batch_id: int, execute_s: float) -> tuple[str, BatchAnswer]:
     dispatch = core.in_flight[batch_id]
     items = {r.request_id: ItemAnswer(r.request_id, outputs=[]) for r in dispatch.requests}
-    return dispatch.worker_id, BatchAnswer(batch_id, items, dispatch.rows, execute_s)
+    return dispatch.worker_id, BatchAnswer(batch_id, items, dispatch.rows, execute_s, queued_batches=0)
 
 
 def simulate_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
@@ -164,6 +164,7 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
         elif event == "answer":
             worker_id, answer = answer_for(core, argument, 0.004)
             result = worker_pb2.BatchResult(batch_id=argument, executed_size=answer.executed_rows,
+                                            forward_rows=answer.executed_rows, queued_batches=0,
                                             execute_us=round(answer.execute_s * 1e6))  # fmt: skip
             for item_id in answer.items:
                 result.items.add(item_id=item_id)

@@ -3,6 +3,7 @@ writes model folders, so tests build exactly the repository they need in a tmp d
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,25 @@ class CountingBackend:
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Record the batch's rows, then run the wrapped backend."""
         self.rows.append(int(next(iter(inputs.values())).shape[0]))
+        return self._inner.forward(inputs)
+
+
+class GatedBackend:
+    """Wraps a backend; every forward first says it started, then waits until the test opens the gate
+    (at most 5 s), so a test can hold the device busy while it submits more batches."""
+
+    name = "fake"
+
+    def __init__(self, inner: Backend) -> None:
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self._inner = inner
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Signal the start, wait for the gate, then run the wrapped backend."""
+        self.started.set()
+        if not self.gate.wait(5):
+            raise TimeoutError("the test never opened the gate")
         return self._inner.forward(inputs)
 
 

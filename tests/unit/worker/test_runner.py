@@ -1,43 +1,86 @@
-"""BatchRunner: one result per batch with an outcome per item, skips, staging overlapping execution, blame
-on the wire, and what happens after a device fault."""
+"""BatchRunner: one result per batch with an outcome per item, skips, merged forwards across streams with
+each stream answered on its own, isolation and blame across a merge, capacity, the queue on every answer,
+busy time under a fake clock, and what happens after a device fault.
+
+Tests that need batches to wait for the device hold it with a `GatedBackend` batch first: everything
+submitted while the gate is shut is waiting when the device is next free, so merges are deterministic."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from common.clock import FakeClock
 from common.errors import Code, Internal
 from common.pb.sluice.v1 import worker_pb2
 from common.tensors import from_wire, to_wire
 from tests.unit.worker.fakes import (
     CountingBackend,
     FailingBackend,
+    GatedBackend,
     RecordingBackend,
     fake_model,
     synthetic_config,
 )
+from worker.backends import Backend
 from worker.backends.synthetic import POISON, SyntheticBackend
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, PreparedBatch
+from worker.executor import Executor, LoadedModel
 from worker.metrics import WorkerMetrics
 from worker.model_config import ModelConfig
-from worker.runner import BatchRunner, StreamState
+from worker.runner import WORKER_BUSY, BatchRunner, StreamState
 
 MODEL = fake_model(synthetic_config(), RecordingBackend())
+Models = dict[tuple[str, str], LoadedModel]
 
 
 def batch(
-    batch_id: int, item_ids: Sequence[int], budget_us: int = 10_000_000, model: str = "toy"
+    batch_id: int,
+    item_ids: Sequence[int],
+    budget_us: int = 10_000_000,
+    model: str = "toy",
+    *,
+    version: str = "1",
+    offset: float = 0.0,
+    width: int = 4,
+    outputs: Sequence[str] = (),
 ) -> worker_pb2.Batch:
-    message = worker_pb2.Batch(batch_id=batch_id, model=model, version="1")
+    """Items of one row each whose values are `offset + item_id` (so outputs show whose item it was)."""
+    message = worker_pb2.Batch(batch_id=batch_id, model=model, version=version, outputs=list(outputs))
     for item_id in item_ids:
-        x = np.full((1, 4), float(item_id), dtype="<f4")
+        x = np.full((1, width), offset + item_id, dtype="<f4")
         message.items.add(item_id=item_id, inputs=[to_wire("x", x)], budget_us=budget_us)
     return message
+
+
+def poisoned(batch_id: int, values: Sequence[float], model: str = "toy") -> worker_pb2.Batch:
+    message = worker_pb2.Batch(batch_id=batch_id, model=model, version="1")
+    for item_id, value in enumerate(values):
+        message.items.add(item_id=item_id, inputs=[to_wire("x", np.full((1, 4), value, "<f4"))])
+    return message
+
+
+def make_runner(models: Models, capacity: int = 8, **kwargs: Any) -> tuple[BatchRunner, WorkerMetrics]:
+    metrics = WorkerMetrics()
+    return BatchRunner(Executor(), models, metrics, capacity=capacity, **kwargs), metrics
+
+
+def gated_models(**extra: LoadedModel) -> tuple[Models, GatedBackend]:
+    """A `hold` model whose forwards wait for the test's gate, plus `extra` models keyed (name, "1")."""
+    gated = GatedBackend(RecordingBackend())
+    models = {("hold", "1"): fake_model(synthetic_config("hold"), gated)}
+    models.update({(model.spec.name, model.spec.version): model for model in extra.values()})
+    return models, gated
+
+
+async def hold_device(runner: BatchRunner, gated: GatedBackend, stream: StreamState) -> None:
+    """Occupy the device with one `hold` batch (id 999) until the gate opens."""
+    runner.submit(batch(999, [999], model="hold"), stream)
+    assert await asyncio.to_thread(gated.started.wait, 5)
 
 
 async def results(stream: StreamState, count: int) -> list[worker_pb2.BatchResult]:
@@ -62,8 +105,17 @@ async def run_batches(
         await runner.stop()
 
 
+def values(result: worker_pb2.BatchResult) -> dict[int, float]:
+    """Item id → the first output value, for items that succeeded."""
+    return {i.item_id: float(from_wire(i.outputs[0])[0, 0]) for i in result.items if not i.HasField("error")}
+
+
+def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 async def test_every_item_gets_exactly_one_outcome() -> None:
-    runner = BatchRunner(Executor(), {("toy", "1"): MODEL}, WorkerMetrics())
+    runner, _ = make_runner({("toy", "1"): MODEL})
     stream = StreamState()
     stream.cancelled.add(2)
     [result] = await run_batches(runner, batch(7, [1, 2, 3]), stream=stream)
@@ -71,110 +123,265 @@ async def test_every_item_gets_exactly_one_outcome() -> None:
     assert result.batch_id == 7 and sorted(by_id) == [1, 2, 3]
     assert by_id[2].error.code == Code.CANCELLED and not by_id[2].outputs
     np.testing.assert_array_equal(from_wire(by_id[3].outputs[0]), np.full((1, 4), 4.0, "<f4"))
-    assert result.executed_size == 2
+    assert result.executed_size == 2 and result.forward_rows == 2
 
 
 async def test_items_past_their_budget_are_not_executed() -> None:
     backend = RecordingBackend()
-    runner = BatchRunner(Executor(), {("toy", "1"): fake_model(synthetic_config(), backend)}, WorkerMetrics())
+    runner, _ = make_runner({("toy", "1"): fake_model(synthetic_config(), backend)})
     [result] = await run_batches(runner, batch(1, [5], budget_us=1), stream=StreamState())
     assert result.items[0].error.code == Code.DEADLINE_EXCEEDED
+    assert result.executed_size == result.forward_rows == 0
     assert backend.calls == []
 
 
 async def test_unknown_model_fails_every_item_not_found() -> None:
-    runner = BatchRunner(Executor(), {("toy", "1"): MODEL}, WorkerMetrics())
+    runner, _ = make_runner({("toy", "1"): MODEL})
     [result] = await run_batches(runner, batch(1, [1, 2], model="other"), stream=StreamState())
     assert [i.error.code for i in result.items] == [Code.NOT_FOUND, Code.NOT_FOUND]
 
 
-class SlowBackend(RecordingBackend):
-    """Each forward takes 0.2 s, like a device busy with a large batch."""
+async def test_batches_waiting_on_two_streams_run_as_one_forward_each_answered_on_its_own() -> None:
+    counting = CountingBackend(RecordingBackend())
+    models, gated = gated_models(toy=fake_model(synthetic_config(), counting))
+    runner, metrics = make_runner(models)
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, a)
+        # Same batch id and item ids on both streams: ids are only unique within a stream.
+        runner.submit(batch(2, [1, 2], offset=10), a)
+        runner.submit(batch(2, [1, 2, 3], offset=20), b)
+        runner.submit(batch(3, [4], offset=10), a)
+        gated.gate.set()
+        [held, from_a, also_from_a] = await results(a, 3)
+        [from_b] = await results(b, 1)
+        assert await runner.wait_idle(within_s=5)
+    finally:
+        await runner.stop()
+    assert counting.rows == [6]  # three batches, one forward
+    assert (held.batch_id, held.forward_rows) == (999, 1)
+    assert values(from_a) == {1: 12.0, 2: 13.0} and values(also_from_a) == {4: 15.0}
+    assert values(from_b) == {1: 22.0, 2: 23.0, 3: 24.0}
+    assert [r.executed_size for r in (from_a, also_from_a, from_b)] == [2, 1, 3]
+    assert [r.forward_rows for r in (from_a, also_from_a, from_b)] == [6, 6, 6]
+    assert a.outbox.empty() and b.outbox.empty()  # nobody got anyone else's answer
+    # The histogram records forwards; the counter, the routers' batches.
+    assert sample(metrics, "sluice_worker_batch_size_count", model="toy") == 1
+    assert sample(metrics, "sluice_worker_batch_size_sum", model="toy") == 6
+    assert sample(metrics, "sluice_worker_batches_total", model="toy") == 3
+
+
+async def test_a_bad_item_of_one_stream_fails_alone_in_a_merged_forward() -> None:
+    config = synthetic_config()
+    counting = CountingBackend(SyntheticBackend(ModelConfig.model_validate(config), "cpu"))
+    models, gated = gated_models(toy=fake_model(config, counting))
+    runner, _ = make_runner(models)
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, a)
+        runner.submit(poisoned(1, [1.0, POISON]), a)
+        runner.submit(poisoned(1, [2.0, 3.0, 4.0]), b)
+        gated.gate.set()
+        [_, from_a] = await results(a, 2)
+        [from_b] = await results(b, 1)
+    finally:
+        await runner.stop()
+    assert counting.rows[0] == 5  # merged; then halves re-run until the poison is alone
+    bad = from_a.items[1].error
+    assert (bad.code, bad.worker_fault, bad.reason) == (Code.INTERNAL, False, "model_error")
+    assert values(from_a) == {0: 3.0}  # y = 2x + 1
+    assert values(from_b) == {0: 5.0, 1: 7.0, 2: 9.0}
+
+
+async def test_batches_merge_only_with_the_same_model_version_outputs_and_padded_shape() -> None:
+    counters = {name: CountingBackend(RecordingBackend()) for name in ("v1", "v2", "other", "seq")}
+    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
+    seq_config = synthetic_config("seq", inputs=variable, outputs=[{**variable[0], "name": "y"}])
+    seq_config.update(backend="torchscript", synthetic=None)  # a real backend may return variable dims
+    v2 = fake_model(synthetic_config(), counters["v2"])
+    models, gated = gated_models(
+        v1=fake_model(synthetic_config(), counters["v1"]),
+        v2=dataclasses.replace(v2, spec=dataclasses.replace(v2.spec, version="2")),
+        other=fake_model(synthetic_config("other"), counters["other"]),
+        seq=fake_model(seq_config, counters["seq"]),  # no buckets: only equal lengths stack
+    )
+    runner, _ = make_runner(models, capacity=16)
+    stream = StreamState()
+    waiting = [
+        batch(1, [1]),
+        batch(2, [1], version="2"),
+        batch(3, [1], model="other"),
+        batch(4, [1], outputs=["y"]),
+        batch(5, [1], model="seq", width=3),
+        batch(6, [1], model="seq", width=5),
+        batch(7, [1, 2]),
+        batch(8, [1], model="seq", width=3),
+    ]
+    runner.start()
+    try:
+        await hold_device(runner, gated, stream)
+        for message in waiting:
+            runner.submit(message, stream)
+        gated.gate.set()
+        answered = {r.batch_id: r for r in await results(stream, 1 + len(waiting))}
+    finally:
+        await runner.stop()
+    assert {name: c.rows for name, c in counters.items()} == {
+        "v1": [3, 1],  # batches 1 and 7 together; 4 asks for other outputs
+        "v2": [1],
+        "other": [1],
+        "seq": [2, 1],  # batches 5 and 8 (length 3) together; 6 (length 5) alone
+    }
+    assert {i: answered[i].forward_rows for i in range(1, 9)} == {
+        1: 3, 2: 1, 3: 1, 4: 1, 5: 2, 6: 1, 7: 3, 8: 2
+    }  # fmt: skip
+
+
+async def test_a_merged_forward_stays_within_max_batch_size() -> None:
+    counting = CountingBackend(RecordingBackend())
+    models, gated = gated_models(toy=fake_model(synthetic_config(max_batch_size=4), counting))
+    runner, _ = make_runner(models)
+    stream = StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, stream)
+        for batch_id, items in ((1, [1, 2, 3]), (2, [4, 5]), (3, [6])):
+            runner.submit(batch(batch_id, items), stream)
+        gated.gate.set()
+        await results(stream, 4)
+    finally:
+        await runner.stop()
+    assert counting.rows == [4, 2]  # 1 and 3 fit together (first fit); 2 runs next
+
+
+async def test_at_capacity_a_batch_is_refused_at_once_and_never_executed() -> None:
+    counting = CountingBackend(RecordingBackend())
+    models, gated = gated_models(toy=fake_model(synthetic_config(), counting))
+    runner, metrics = make_runner(models, capacity=2)
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, a)
+        runner.submit(batch(1, [1, 2]), a)
+        runner.submit(batch(1, [1, 2, 3]), b)  # a third batch, from another router
+        [refused] = await results(b, 1)  # answered while the device is still held
+        assert not gated.gate.is_set()
+        gated.gate.set()
+        [_, accepted] = await results(a, 2)
+        runner.submit(batch(2, [1]), b)  # room again once answered
+        [later] = await results(b, 1)
+    finally:
+        await runner.stop()
+    assert refused.batch_id == 1 and [i.item_id for i in refused.items] == [1, 2, 3]
+    errors = {(i.error.code, i.error.reason, i.error.worker_fault) for i in refused.items}
+    assert errors == {(Code.UNAVAILABLE, WORKER_BUSY, False)}
+    assert (refused.executed_size, refused.forward_rows, refused.queued_batches, refused.queued_rows) == (
+        0, 0, 2, 3
+    )  # fmt: skip
+    assert counting.rows == [2, 1]  # the refused batch's rows never reached the device
+    assert values(accepted) == {1: 2.0, 2: 3.0} and values(later) == {1: 2.0}
+    assert sample(metrics, "sluice_worker_refused_batches_total", reason=WORKER_BUSY) == 1
+
+
+async def test_every_answer_carries_the_queue_left_on_all_streams() -> None:
+    other = fake_model(synthetic_config("other"), RecordingBackend())
+    models, gated = gated_models(toy=fake_model(synthetic_config(), RecordingBackend()), other=other)
+    runner, _ = make_runner(models)
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, a)
+        runner.submit(batch(1, [1, 2]), a)
+        runner.submit(batch(1, [1]), b)  # merges with a's batch 1
+        runner.submit(batch(2, [1, 2, 3], model="other"), b)
+        gated.gate.set()
+        [held, merged_a] = await results(a, 2)
+        [merged_b, last] = await results(b, 2)
+    finally:
+        await runner.stop()
+    answers = (held, merged_a, merged_b, last)
+    assert {(r.batch_id, len(r.items)): (r.queued_batches, r.queued_rows) for r in answers} == {
+        (999, 1): (3, 6),  # the three batches behind the held one, on both streams
+        (1, 2): (1, 3),  # the merged pair excluded: only `other` is left
+        (1, 1): (1, 3),
+        (2, 3): (0, 0),
+    }
+
+
+class ClockedBackend:
+    """Each forward takes exactly 1 s of the fake clock (the device's time, simulated)."""
+
+    name = "fake"
+
+    def __init__(self, clock: FakeClock, inner: Backend) -> None:
+        self._clock = clock
+        self._inner = inner
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        time.sleep(0.2)
-        return super().forward(inputs)
+        self._clock.advance(1.0)
+        return self._inner.forward(inputs)
 
 
-class TimedExecutor(Executor):
-    """Records when each batch's staging started and when each forward ended."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, float]] = []
-        self._lock = threading.Lock()
-
-    def prepare(
-        self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
-    ) -> PreparedBatch:
-        with self._lock:
-            self.events.append(("prepare", time.monotonic()))
-        return super().prepare(model, items, outputs)
-
-    def execute(self, prepared: PreparedBatch) -> list[ItemOutcome]:
-        outcomes = super().execute(prepared)
-        with self._lock:
-            self.events.append(("executed", time.monotonic()))
-        return outcomes
+async def test_busy_fraction_and_timings_follow_the_clock() -> None:
+    clock = FakeClock(100.0)
+    model = fake_model(synthetic_config(), ClockedBackend(clock, RecordingBackend()))
+    runner, _ = make_runner({("toy", "1"): model}, now=clock.now)
+    assert runner.busy_fraction() == 0.0
+    [result] = await run_batches(runner, batch(1, [1]), stream=StreamState())
+    assert (result.queue_us, result.execute_us) == (0, 1_000_000)
+    clock.advance(1.0)  # 1 s busy, then 1 s idle: 1/5 of the window, to within one 0.25 s slot
+    assert 1 / 5 <= runner.busy_fraction() <= 1 / 4.75
+    clock.advance(5.0)
+    assert runner.busy_fraction() == 0.0
 
 
-async def test_next_batch_is_staged_while_the_current_one_executes() -> None:
-    executor = TimedExecutor()
-    model = fake_model(synthetic_config(), SlowBackend())
-    runner = BatchRunner(executor, {("toy", "1"): model}, WorkerMetrics())
-    await run_batches(runner, batch(1, [1]), batch(2, [2]), stream=StreamState())
-    kinds = [kind for kind, _ in sorted(executor.events, key=lambda e: e[1])]
-    assert kinds == ["prepare", "prepare", "executed", "executed"]
-
-
-def poisoned(batch_id: int, values: Sequence[float]) -> worker_pb2.Batch:
-    message = worker_pb2.Batch(batch_id=batch_id, model="toy", version="1")
-    for item_id, value in enumerate(values):
-        message.items.add(item_id=item_id, inputs=[to_wire("x", np.full((1, 4), value, "<f4"))])
-    return message
-
-
-async def test_item_errors_say_whether_the_worker_is_to_blame() -> None:
+async def test_item_errors_say_whether_the_worker_is_to_blame_and_why() -> None:
     config = synthetic_config()
     working = fake_model(config, SyntheticBackend(ModelConfig.model_validate(config), "cpu"))
     broken = fake_model(synthetic_config("broken"), FailingBackend())
     models = {("toy", "1"): working, ("broken", "1"): broken}
-    runner = BatchRunner(Executor(), models, WorkerMetrics())
+    runner, _ = make_runner(models)
     only_bad = poisoned(1, [POISON, POISON])
     on_broken = batch(2, [1, 2], model="broken")
     unknown = batch(3, [1], model="absent")
-    results = await run_batches(runner, only_bad, on_broken, unknown, stream=StreamState())
-    blame = {r.batch_id: [(i.error.code, i.error.worker_fault) for i in r.items] for r in results}
+    answered = await run_batches(runner, only_bad, on_broken, unknown, stream=StreamState())
+    blame = {
+        r.batch_id: [(i.error.code, i.error.worker_fault, i.error.reason) for i in r.items] for r in answered
+    }
     assert blame == {
-        1: [(Code.INTERNAL, False)] * 2,  # the model runs its canary: these items are the client's doing
-        2: [(Code.INTERNAL, True)] * 2,  # the model fails its canary too: the worker is broken
-        3: [(Code.NOT_FOUND, True)],  # the router believed this worker serves it
+        1: [(Code.INTERNAL, False, "model_error")] * 2,  # the model runs its canary: the client's doing
+        2: [(Code.INTERNAL, True, "worker_fault")] * 2,  # the model fails its canary too: worker broken
+        3: [(Code.NOT_FOUND, True, "not_found")],  # the router believed this worker serves it
     }
 
 
-async def test_after_a_device_fault_only_the_faulted_batch_is_answered() -> None:
+async def test_after_a_device_fault_only_the_faulted_forward_is_answered() -> None:
     simulated = synthetic_config(synthetic={"base_ms": 0, "per_item_ms": 0, "fault_trigger": 7.0})
     backend = CountingBackend(SyntheticBackend(ModelConfig.model_validate(simulated), "cpu"))
-    faults: list[Internal] = []
-    runner = BatchRunner(
-        Executor(),
-        {("toy", "1"): fake_model(simulated, backend)},
-        WorkerMetrics(),
-        on_device_fault=faults.append,
+    untouched = CountingBackend(RecordingBackend())
+    models, gated = gated_models(
+        toy=fake_model(simulated, backend), other=fake_model(synthetic_config("other"), untouched)
     )
+    faults: list[Internal] = []
+    runner, _ = make_runner(models, on_device_fault=faults.append)
     stream = StreamState()
     runner.start()
     try:
-        for message in (poisoned(1, [1.0, 7.0]), poisoned(2, [1.0]), poisoned(3, [2.0])):
+        await hold_device(runner, gated, stream)
+        for message in (poisoned(1, [1.0, 7.0]), poisoned(2, [1.0]), poisoned(3, [2.0], model="other")):
             runner.submit(message, stream)
-        [result] = await results(stream, 1)
+        gated.gate.set()
+        [_, first, second] = await results(stream, 3)
         assert await runner.wait_idle(within_s=5)
     finally:
         await runner.stop()
-    assert result.batch_id == 1
-    assert [(i.error.code, i.error.worker_fault) for i in result.items] == [(Code.INTERNAL, True)] * 2
-    assert "device-side assert" in result.items[0].error.message
+    assert (first.batch_id, second.batch_id) == (1, 2)  # merged: both met the fault, both are answered
+    for result in (first, second):
+        assert {(i.error.code, i.error.worker_fault) for i in result.items} == {(Code.INTERNAL, True)}
+    assert "device-side assert" in first.items[0].error.message
     assert len(faults) == 1 and faults[0].reason == "device_fault"
-    assert stream.outbox.empty()  # batches 2 and 3 are never answered: routers re-dispatch them
-    assert backend.rows == [2]  # nor run: the device is never touched again
+    assert stream.outbox.empty()  # batch 3 is never answered: routers re-dispatch it
+    assert backend.rows == [3] and untouched.rows == []  # nor run: the device is never touched again
     assert runner.pending_batches == 0

@@ -4,9 +4,10 @@ isort:skip_file
 Router <-> worker protocol: one long-lived bidirectional stream per (router, worker) pair.
 
 The router sends batches (and cancellations of items it already sent); the worker answers every batch
-with exactly one BatchResult carrying an outcome for every item, and sends a LoadReport when the stream
-opens and whenever its backlog or state changes. Item ids are chosen by the router and unique within a
-stream; batch ids likewise.
+with exactly one BatchResult carrying an outcome for every item (and the worker's queue after it), and
+sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
+by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
+nothing by them beyond the stream they came on).
 """
 
 from collections import abc as _abc
@@ -226,6 +227,7 @@ class ItemError(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     WORKER_FAULT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     message: _builtins.str
     worker_fault: _builtins.bool
@@ -236,16 +238,25 @@ class ItemError(_message.Message):
     cancellation or deadline: nothing about the worker's health, so never counted against it.
     Workers that predate the field never set it: their failures read as not the worker's fault.
     """
+    reason: _builtins.str
+    """Machine-readable cause, snake_case (the worker's SluiceError reason). "worker_busy" (code UNAVAILABLE,
+    worker_fault false): the worker already held `capacity` batches across all routers' streams and
+    answered this batch at once without running any of it; place it on another worker (or retry this
+    one later) and never count it against this worker's health. Others name what failed, e.g.
+    "model_error", "worker_fault", "device_fault", "bad_shape", "cancelled", "deadline_exceeded".
+    Empty from workers that predate the field.
+    """
     def __init__(
         self,
         *,
         code: _builtins.int = ...,
         message: _builtins.str = ...,
         worker_fault: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "worker_fault", b"worker_fault"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "worker_fault", b"worker_fault"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,13 +300,39 @@ class BatchResult(_message.Message):
     EXECUTED_SIZE_FIELD_NUMBER: _builtins.int
     QUEUE_US_FIELD_NUMBER: _builtins.int
     EXECUTE_US_FIELD_NUMBER: _builtins.int
+    QUEUED_BATCHES_FIELD_NUMBER: _builtins.int
+    QUEUED_ROWS_FIELD_NUMBER: _builtins.int
+    FORWARD_ROWS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     executed_size: _builtins.int
-    """Items that took part in the forward pass (skipped items excluded), and the padded size if any."""
+    """Rows of this batch's own items that went into a forward pass (items skipped, refused or invalid
+    excluded). 0 when none did.
+    """
     queue_us: _builtins.int
-    """How long the batch waited on the worker before its forward pass started."""
+    """How long this batch waited on the worker, from arrival until the device started on the forward it
+    ran in.
+    """
     execute_us: _builtins.int
-    """Duration of the forward pass (device transfers included)."""
+    """Duration of the forward this batch ran in, from the device starting on it to its outputs on the host:
+    staging (decode, validation, padding, host-to-device copies), the forward pass, any isolation
+    re-runs. Batches merged into one forward report the same value; it is the cost of `forward_rows`
+    rows, not of `executed_size`.
+    """
+    queued_batches: _builtins.int
+    """The worker's queue right after this batch finished, across all routers' streams: batches accepted
+    and not yet answered, and their rows (items' leading dims), this batch and the batches merged with
+    it excluded, one the device already started on included. A refused ("worker_busy") batch gets the
+    queue that refused it. On every answer, so a router sees the load other routers put on this worker
+    without waiting for a LoadReport.
+    """
+    queued_rows: _builtins.int
+    forward_rows: _builtins.int
+    """Rows of the forward pass this batch's items ran in: the worker merges batches waiting for the same
+    model, version, requested outputs and padded input shape (from any router's stream, up to the
+    model's max_batch_size rows) into one forward. Equals executed_size when the batch ran alone (a batch
+    whose items need several padded shapes always does, and this is then the rows of all its forwards);
+    0 when nothing of it ran.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ItemResult]: ...
     def __init__(
@@ -306,10 +343,13 @@ class BatchResult(_message.Message):
         executed_size: _builtins.int = ...,
         queue_us: _builtins.int = ...,
         execute_us: _builtins.int = ...,
+        queued_batches: _builtins.int = ...,
+        queued_rows: _builtins.int = ...,
+        forward_rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "execute_us", b"execute_us", "executed_size", b"executed_size", "items", b"items", "queue_us", b"queue_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "execute_us", b"execute_us", "executed_size", b"executed_size", "forward_rows", b"forward_rows", "items", b"items", "queue_us", b"queue_us", "queued_batches", b"queued_batches", "queued_rows", b"queued_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -327,10 +367,12 @@ class LoadReport(_message.Message):
     worker_id: _builtins.str
     state: Global___WorkerState.ValueType
     queued_batches: _builtins.int
-    """Batches accepted on all streams and not yet answered (the one executing included)."""
+    """Batches accepted on all streams and not yet answered (the one executing included): at most the
+    worker's `capacity` (its etcd record), beyond which it answers batches "worker_busy".
+    """
     queued_items: _builtins.int
     busy_fraction: _builtins.float
-    """Fraction of wall time spent in forward passes over the last few seconds."""
+    """Fraction of the last 5 s (to within 0.25 s) the device spent on forwards (staging included)."""
     def __init__(
         self,
         *,

@@ -4,9 +4,10 @@ isort:skip_file
 Router <-> worker protocol: one long-lived bidirectional stream per (router, worker) pair.
 
 The router sends batches (and cancellations of items it already sent); the worker answers every batch
-with exactly one BatchResult carrying an outcome for every item, and sends a LoadReport when the stream
-opens and whenever its backlog or state changes. Item ids are chosen by the router and unique within a
-stream; batch ids likewise.
+with exactly one BatchResult carrying an outcome for every item (and the worker's queue after it), and
+sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
+by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
+nothing by them beyond the stream they came on).
 """
 
 from collections import abc as _abc

@@ -1,0 +1,91 @@
+"""The worker-side merge end to end: two routers batching separately for one real worker under concurrent
+load; the worker runs their waiting batches together, so its forwards are larger than the routers'
+batches, and every request is still answered OK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.loadgen import run_scenario
+from bench.loadgen_scenario import parse_scenario
+from common.local_cluster import free_port
+from router.main import RouterServer
+from tests.integration.conftest import MakeRouter, Spawn
+
+pytestmark = pytest.mark.integration
+
+SLOWDOWN = 4.0
+"""The synthetic model at 20 ms + 2 ms/row: routers' next batches wait on the worker while one runs."""
+RATE = 120
+DURATION_S = 4
+
+
+async def wait_serving(router: RouterServer, within_s: float) -> None:
+    """Until the router's health reads SERVING (a worker accepts its batches), for at most `within_s`."""
+    deadline = time.monotonic() + within_s
+    request = health_pb2.HealthCheckRequest(service="")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        probe = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        while (await probe.Check(request, timeout=2)).status != serving:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, f"router never saw the worker within {within_s} s"
+            await asyncio.sleep(0.05)
+
+
+def worker_metrics(port: int) -> dict[str, float]:
+    """The worker's sluice_worker_* samples for the synthetic model (and label-free ones), by name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("model", "synthetic") == "synthetic" and "code" not in s.labels:
+                samples[s.name] = s.value
+    return samples
+
+
+async def test_two_routers_batches_run_merged_on_one_worker(make_router: MakeRouter, spawn: Spawn) -> None:
+    metrics_port = free_port()
+    worker = spawn("merger", slowdown=SLOWDOWN, env={"SLUICE_WORKER__METRICS_PORT": str(metrics_port)})
+    routers = [await make_router(), await make_router()]
+    for router in routers:
+        await wait_serving(router, within_s=60)
+    before = await asyncio.to_thread(worker_metrics, metrics_port)
+    scenarios = [
+        parse_scenario(
+            {
+                "target": f"127.0.0.1:{router.port}",
+                "duration_s": DURATION_S,
+                "rate": RATE,
+                "seed": seed,
+                "channels": 2,
+                "classes": [{"name": "load", "model": "synthetic", "deadline_ms": 5000}],
+            }
+        )
+        for seed, router in enumerate(routers)
+    ]
+    reports = await asyncio.gather(*(run_scenario(s) for s in scenarios))
+    after = await asyncio.to_thread(worker_metrics, metrics_port)
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    forwards = delta["sluice_worker_batch_size_count"]
+    rows = delta["sluice_worker_batch_size_sum"]
+    router_batches = delta["sluice_worker_batches_total"]
+    figures = {
+        "forwards": forwards,
+        "router_batches": router_batches,
+        "rows": rows,
+        "log": worker.log()[-2000:],
+    }
+    assert [r["total"]["ok"] for r in reports] == [RATE * DURATION_S] * 2, (reports, figures)
+    assert rows == 2 * RATE * DURATION_S, figures
+    # Forwards larger than the routers' batches: at least a tenth of the batches ran merged with another.
+    assert forwards <= 0.9 * router_batches, figures
+    assert rows / forwards > rows / router_batches, figures
+    assert delta.get("sluice_worker_refused_batches_total", 0.0) == 0, figures  # 2 routers x 2 fit in 4
