@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# CPU per request by stage: Sluice as the shared peer harness runs it (../shared/peers: router + worker +
+# etcd pinned to core 0, the peers' load generator on core 1), sampled with py-spy while the load runs.
+#   bench/profile_peer.sh RATE [SECONDS]        e.g. bench/profile_peer.sh 400 10
+# env: PEERS (default ../shared/peers), OUT (default $PEERS_ROOT/profile), SLUICE_ARGS (extra `up` flags)
+# Needs `../shared/peers/setup.sh tools` once and py-spy (a dev dependency: `make install`).
+# Prints the breakdown (bench/cpu_breakdown.py); the raw samples stay in $OUT for flame graphs.
+set -euo pipefail
+rate=${1:?usage: bench/profile_peer.sh RATE [SECONDS]}
+seconds=${2:-10}
+project=$(cd "$(dirname "$0")/.." && pwd)
+peers=$(cd "${PEERS:-$project/../shared/peers}" && pwd)
+source "$peers/lib.sh"
+out=${OUT:-$PEERS_ROOT/profile}
+mkdir -p "$out"
+pyspy=$project/.venv/bin/py-spy
+[[ -x $pyspy ]] || { echo "py-spy not found: run make install" >&2; exit 1; }
+
+cmd=$(peer_start_cmd sluice)
+setsid taskset -c "$SERVER_CPUS" env SLUICE_PROJECT="$project" $cmd >"$out/server.log" 2>&1 &
+lead=$!
+trap 'stop_session "$lead"' EXIT
+target=$(peer_targets sluice)
+target=${target#* }
+# shellcheck disable=SC2086
+loadgen $target --ready-only --ready-timeout 300 >/dev/null
+router=$(pgrep -f -- "-m cli .*router --listen 0.0.0.0:8201" | head -1)
+worker=$(pgrep -f -- "-m cli .*worker --repository" | head -1)
+cpu_of() { awk '{print ($14 + $15)}' "/proc/$1/stat"; }
+tck=$(getconf CLK_TCK)
+
+warmup=3
+total=$((seconds + 2 * warmup))
+# shellcheck disable=SC2086
+loadgen $target --rate "$rate" --duration "$total" --warmup 0 --timeout 2 --label profile >"$out/load.json" &
+load=$!
+sleep "$warmup"
+r0=$(cpu_of "$router"); w0=$(cpu_of "$worker")
+"$pyspy" record --nonblocking --rate 250 --format raw -d "$seconds" -p "$router" -o "$out/router.raw" \
+  >/dev/null 2>&1 &
+spy_router=$!
+"$pyspy" record --nonblocking --rate 250 --format raw -d "$seconds" -p "$worker" -o "$out/worker.raw" \
+  >/dev/null 2>&1 &
+spy_worker=$!
+wait "$spy_router" "$spy_worker"
+r1=$(cpu_of "$router"); w1=$(cpu_of "$worker")
+wait "$load"
+router_s=$(python3 -c "print(($r1 - $r0) / $tck)")
+worker_s=$(python3 -c "print(($w1 - $w0) / $tck)")
+requests=$(python3 -c "print(round($rate * $seconds))")
+echo "rate $rate req/s for ${seconds}s: router ${router_s} CPU-s, worker ${worker_s} CPU-s; load: $(cat "$out/load.json")"
+"$project/.venv/bin/python" -m bench.cpu_breakdown "$out/router.raw" "$out/worker.raw" \
+  --cpu-s "$router_s" "$worker_s" --requests "$requests"
