@@ -305,6 +305,20 @@ class AdmissionSettings(_Section):
     priority_levels: int = Field(default=10, ge=1, le=1000)
     """Priority levels (1 is the highest, as in Triton): `parameters["priority"]` outside 0..levels is
     INVALID_ARGUMENT, and tenants' default and max priorities must lie within them."""
+    quota_shares: Literal["demand", "equal"] = "demand"
+    """How routers split cluster-wide quotas: `demand` — each router's share of a tenant's rate, burst and
+    in-flight cap (and of the global rate) follows where that tenant's requests arrive, published through
+    etcd; `equal` — 1/N each for N live routers (exact only when clients spread evenly)."""
+    share_floor: float = Field(default=0.1, ge=0.0, le=1.0)
+    """ε: no router's share falls below ε/N of a limit, so a router admits a tenant's first requests at
+    once; the shares of all routers then add up to at most (1 + ε) x the limit."""
+    demand_window_s: float = Field(default=0.5, gt=0.0, le=60.0)
+    """Time constant of the decaying request rate each router publishes as its demand: shares follow a
+    move of the load within about two of these, plus two publish intervals."""
+    demand_publish_s: float = Field(default=0.25, ge=0.05, le=60.0)
+    """Least time between two demand publishes of one router (stretched to N/100 s with N routers, so the
+    cluster writes at most 100 records a second); a router republishes only when its demand moved by
+    more than 20 %."""
 
 
 class RedisSettings(_Section):
