@@ -99,7 +99,8 @@ class PeerView:
         metrics.tenants = frozenset(configured)
         self._in_force = dict(configured)
         self.routers = 1
-        self._own_id: str | None = None
+        self.router_id: str | None = None
+        """This router's name in `routers/` (set by `start`): its own record is not a peer's."""
         self._records: dict[str, tuple[bytes, Demand]] = {}
         """Each peer's raw record and the demand read from it (a record is parsed once per value)."""
         self._peers: dict[str, Demand] = {}
@@ -114,9 +115,9 @@ class PeerView:
     def start(self, router_id: str, registration: LeasedKey, addr: str) -> None:
         """Follow both prefixes, and publish this router's demand in its `registration` (a record that
         carries `addr`), in the background."""
-        self._own_id = router_id
+        self.router_id = router_id
         self._tasks = [
-            asyncio.create_task(self._follow(ROUTERS, self._apply_routers), name="peers-routers"),
+            asyncio.create_task(self._follow(ROUTERS, self.apply_routers), name="peers-routers"),
             asyncio.create_task(self._follow(TENANTS, self._apply_tenants), name="peers-tenants"),
             asyncio.create_task(self._publish(registration, addr), name="peers-demand"),
         ]
@@ -133,10 +134,17 @@ class PeerView:
             async for snapshot in snapshots:
                 apply(snapshot)
 
-    def _apply_routers(self, snapshot: dict[str, bytes]) -> None:
+    @property
+    def peers(self) -> dict[str, Demand]:
+        """The other live routers and the demand each published, as last read."""
+        return self._peers
+
+    def apply_routers(self, snapshot: dict[str, bytes]) -> None:
+        """A `routers/` snapshot: count the routers, read the peers' demand (records whose value did not
+        change are not parsed again) and hand it to the core unless the view is stale."""
         records = {}
         for name, raw in snapshot.items():
-            if name == self._own_id:
+            if name == self.router_id:
                 continue
             known = self._records.get(name)
             records[name] = known if known is not None and known[0] == raw else (raw, _demand_in(name, raw))

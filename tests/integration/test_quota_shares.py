@@ -139,6 +139,11 @@ async def test_two_routers_admit_the_rate_evenly_all_on_one_and_after_the_load_m
         check(even, 1.5, 4.0, "spread evenly over 2 routers")
         on_a = await clients.offer(lambda k: 0, 4.0)
         check(on_a, 1.5, 4.0, "all on router a")
+        share = {"tenant": "metered"}
+        await eventually(
+            lambda: (a.metrics.registry.get_sample_value("sluice_router_quota_share", share) or 0) > 0.9, 2,
+            "router a exports the share it holds",
+        )  # fmt: skip
         moved = await clients.offer(lambda k: 1, 5.0)
         check(moved, 2.0, 5.0, f"moved to router b (85 % reached after {recovery_s(moved, 5.0)} s)")
     finally:
