@@ -253,11 +253,11 @@ class TenantSettings(_Section):
     api_keys: list[str] = []
     """SHA-256 of each API key, as `sha256:<hex>` (`sluice keys hash KEY` prints one); keys never stored."""
     rate: float = Field(default=100.0, gt=0)
-    """Requests per second (token-bucket refill), split across live routers."""
+    """Requests per second (token-bucket refill), cluster-wide: shared by the routers as demand arrives."""
     burst: int = Field(default=100, ge=1)
     """Token-bucket size: how many requests may arrive at once above the rate."""
     max_inflight: int = Field(default=64, ge=1)
-    """Requests admitted and not yet answered, split across live routers."""
+    """Requests admitted and not yet answered, cluster-wide: shared by the routers as demand arrives."""
     weight: float = Field(default=1.0, gt=0)
     """Fair share within a priority level, relative to the other tenants queued there."""
     default_priority: int = Field(default=2, ge=1)
@@ -288,7 +288,7 @@ class AdmissionSettings(_Section):
     enabled: bool = True
     """False turns every check off (a plain unbounded FIFO): only for baseline comparisons."""
     global_rate: float | None = Field(default=None, gt=0)
-    """Requests per second for the whole cluster, split across live routers; unset: no global limit."""
+    """Requests per second for the whole cluster, shared by the routers as demand arrives; unset: none."""
     global_burst: int = Field(default=1000, ge=1)
     """Bucket size of the global limit."""
     lane_max_queued: int = Field(default=1000, ge=1)
