@@ -124,7 +124,10 @@ def tenants(args: argparse.Namespace) -> int:
 
         print(json.dumps(MessageToDict(reply), indent=2))
         return EXIT_OK
-    print(f"quotas are cluster-wide; this router enforces 1/{reply.routers} of each")
+    print(
+        f"quotas are cluster-wide, shared by {reply.routers} router(s) as their demand comes in; "
+        "INFLIGHT is in flight here / this router's share of the cap"
+    )
     print(
         f"{'TENANT':<16} {'RATE/s':>9} {'BURST':>7} {'INFLIGHT':>14} {'TOKENS':>8} {'WEIGHT':>6} "
         f"{'PRIO':>7} MODELS"

@@ -260,11 +260,11 @@ class TenantSettings(_Section):
     api_keys: list[str] = []
     """SHA-256 of each API key, as `sha256:<hex>` (`sluice keys hash KEY` prints one); keys never stored."""
     rate: float = Field(default=100.0, gt=0)
-    """Requests per second (token-bucket refill), split across live routers."""
+    """Requests per second (token-bucket refill), cluster-wide: shared by the routers as demand arrives."""
     burst: int = Field(default=100, ge=1)
     """Token-bucket size: how many requests may arrive at once above the rate."""
     max_inflight: int = Field(default=64, ge=1)
-    """Requests admitted and not yet answered, split across live routers."""
+    """Requests admitted and not yet answered, cluster-wide: shared by the routers as demand arrives."""
     weight: float = Field(default=1.0, gt=0)
     """Fair share within a priority level, relative to the other tenants queued there."""
     default_priority: int = Field(default=2, ge=1)
@@ -295,7 +295,7 @@ class AdmissionSettings(_Section):
     enabled: bool = True
     """False turns every check off (a plain unbounded FIFO): only for baseline comparisons."""
     global_rate: float | None = Field(default=None, gt=0)
-    """Requests per second for the whole cluster, split across live routers; unset: no global limit."""
+    """Requests per second for the whole cluster, shared by the routers as demand arrives; unset: none."""
     global_burst: int = Field(default=1000, ge=1)
     """Bucket size of the global limit."""
     lane_max_queued: int = Field(default=1000, ge=1)
@@ -312,6 +312,20 @@ class AdmissionSettings(_Section):
     priority_levels: int = Field(default=10, ge=1, le=1000)
     """Priority levels (1 is the highest, as in Triton): `parameters["priority"]` outside 0..levels is
     INVALID_ARGUMENT, and tenants' default and max priorities must lie within them."""
+    quota_shares: Literal["demand", "equal"] = "demand"
+    """How routers split cluster-wide quotas: `demand` — each router's share of a tenant's rate, burst and
+    in-flight cap (and of the global rate) follows where that tenant's requests arrive, published through
+    etcd; `equal` — 1/N each for N live routers (exact only when clients spread evenly)."""
+    share_floor: float = Field(default=0.1, ge=0.0, le=1.0)
+    """ε: no router's share falls below ε/N of a limit, so a router admits a tenant's first requests at
+    once; the shares of all routers then add up to at most (1 + ε) x the limit."""
+    demand_window_s: float = Field(default=0.5, gt=0.0, le=60.0)
+    """Time constant of the decaying request rate each router publishes as its demand: shares follow a
+    move of the load within about two of these, plus two publish intervals."""
+    demand_publish_s: float = Field(default=0.25, ge=0.05, le=60.0)
+    """Least time between two demand publishes of one router (stretched to N/100 s with N routers, so the
+    cluster writes at most 100 records a second); a router republishes only when its demand moved by
+    more than 20 %."""
 
 
 class RedisSettings(_Section):

@@ -4,9 +4,9 @@ It holds no policy and no copy of the core's state. What it owns is I/O and the 
 request: the caller's future, its trace span, the batch spans it opened, metrics. Events arrive from the
 servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and load reports, and
 `worker_connected`), from membership (`worker_registered`, `worker_left`) and from the peers' view
-(tenants, router count); the loop only wakes the core at the times it asks for. Every decision is carried
-out the same way: send the dispatches, settle the requests (the future gets a reply or the typed error),
-tell workers what to drop, disconnect hung workers.
+(tenants, the peer routers and their demand, publish rounds); the loop only wakes the core at the times it
+asks for. Every decision is carried out the same way: send the dispatches, settle the requests (the future
+gets a reply or the typed error), tell workers what to drop, disconnect hung workers.
 
 The loop never dies of a bug: a failing tick ends what the core held (INTERNAL) and the loop goes on; a
 failing answer ends that batch's requests; the loop ticks at least every `TICK_S`, the watchdog's evidence
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opentelemetry.trace import (
@@ -39,6 +40,7 @@ from common.telemetry import inject
 from router.codec import DecodedRequest, ServedBy
 from router.metrics import RouterMetrics
 from router.policy.core import RouterCore
+from router.policy.demand import Demand
 from router.policy.lanes import QueuedRequest
 from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
 from router.policy.tenants import Tenant
@@ -265,9 +267,21 @@ class Driver:
         """Tenant quotas changed (config reload or etcd overrides)."""
         self.core.set_tenants(self.clock.now(), tenants)
 
-    def set_routers(self, count: int) -> None:
-        """The number of live routers sharing the cluster-wide quotas changed."""
-        self.core.set_routers(self.clock.now(), count)
+    def set_peers(self, peers: Mapping[str, Demand] | None) -> None:
+        """The other live routers and their published demand changed (None: unknown, etcd unreachable)."""
+        self.core.set_peers(self.clock.now(), peers)
+
+    def publish_demand(self) -> Demand | None:
+        """A demand publish round: what to publish now, if anything (router/peers.py writes it)."""
+        return self.core.publish_demand(self.clock.now())
+
+    def count_published(self) -> None:
+        """The demand last published has had time to reach every peer: count it in full."""
+        self.core.count_published(self.clock.now())
+
+    def demand_interval_s(self) -> float:
+        """How long to wait between two demand publish rounds."""
+        return self.core.publish_interval_s()
 
     def worker_left(self, worker_id: str, reason: str) -> None:
         """A worker is gone (deregistered or its stream broke)."""

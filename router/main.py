@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -42,7 +41,7 @@ from router.idempotency_gate import IdempotencyGate
 from router.live_stats import LiveStats
 from router.membership import Membership
 from router.metrics import RouterMetrics
-from router.peers import PeerView
+from router.peers import PeerView, router_record
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.core import RouterCore
@@ -205,15 +204,15 @@ class RouterServer:
         await server.start()
         self._server = server
         self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
-        self.driver.start()
-        self.membership.start()
-        self.peers.start()
-        self.status.start()
         host = settings.listen.rsplit(":", 1)[0]
         advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
         self.router_id = self.router_id or f"{socket.gethostname()}-{os.getpid()}-{self.port}"
         key = router_key(self.config.etcd.prefix, self.router_id)
-        self._registration = LeasedKey(self.config.etcd, key, json.dumps({"addr": advertised}).encode())
+        self._registration = LeasedKey(self.config.etcd, key, router_record(advertised, None))
+        self.driver.start()
+        self.membership.start()
+        self.peers.start(self.router_id, self._registration, advertised)
+        self.status.start()
         await self._registration.start()
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
 
@@ -248,6 +247,7 @@ class RouterServer:
             return
         self._stopped = True
         await self.health.enter_graceful_shutdown()
+        await self.peers.stop()  # first: it publishes in the registration revoked next
         if self._registration is not None:
             await self._registration.revoke()
         await self.status.stop()
@@ -256,7 +256,6 @@ class RouterServer:
         await self.auditor.stop()
         await self.driver.stop()
         await self.membership.stop()
-        await self.peers.stop()
         await self.idempotency.store.close()
         if self.redis is not None:
             await self.redis.aclose()

@@ -97,6 +97,10 @@ class RouterMetrics:
         self.routers = Gauge(
             "sluice_router_peers", "Live routers sharing the cluster-wide quotas", registry=r,
         )  # fmt: skip
+        self.quota_share = Gauge(
+            "sluice_router_quota_share", "Fraction of a tenant's cluster-wide limits this router enforces "
+            "(tenant '*' is the global limit)", ["tenant"], registry=r,
+        )  # fmt: skip
         self.cache = Counter(
             "sluice_cache_requests", "Result-cache outcomes by model (hit, miss, bypass)",
             ["model", "outcome"], registry=r,

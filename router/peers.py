@@ -1,10 +1,18 @@
-"""What a router learns from etcd besides workers: how many routers share the quotas (`routers/`), and
-live tenant overrides (`tenants/`).
+"""What a router learns from etcd besides workers — which routers share the quotas and the demand each
+published (`routers/`), live tenant overrides (`tenants/`) — and what it tells its peers: its own recent
+demand, in its `routers/<id>` record.
 
-Quota shares follow the router count the moment a router registers or its key disappears (revoked on a
-clean stop; after the lease TTL if it died), see docs/admission.md. A tenant override is a JSON object of
-TenantSettings fields merged over the tenant's config entry (or a whole new tenant); a malformed override
-is logged and ignored, never applied half-way.
+- Each `routers/<id>` record is `{"addr": ..., "demand": {"tenants": {name: req/s}, "total": req/s}}`,
+  bound to that router's lease, so a router's demand vanishes with it: at once on a clean stop (the lease
+  is revoked), within the lease TTL if it died. The core turns the peers' demand into this router's quota
+  shares (router/policy/shares.py); a record is parsed once per new value, with the core's bounds.
+- Publishing: every publish interval the core is asked what to publish (only a material change, at most
+  every `admission.demand_publish_s`, stretched with many routers); the record is rewritten under the
+  same lease (docs/admission.md gives the cost).
+- While this router's registration cannot reach etcd (its keepalive failed) the peers' demand is stale:
+  the core is told so and enforces the equal split over the routers last known, until etcd answers again.
+- A tenant override is a JSON object of TenantSettings fields merged over the tenant's config entry (or a
+  whole new tenant); a malformed override is logged and ignored, never applied half-way.
 """
 
 from __future__ import annotations
@@ -18,10 +26,12 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from common.config import EtcdSettings, TenantSettings
-from common.etcd import ROUTERS, TENANTS
+from common.etcd import ROUTERS, TENANTS, LeasedKey
 from common.etcd_watch import watch_prefix_snapshots
 from router.driver import Driver
 from router.metrics import RouterMetrics
+from router.policy.demand import NO_DEMAND, Demand
+from router.policy.shares import OWN_GRACE_S
 from router.policy.tenants import TenantDirectory
 
 log = logging.getLogger(__name__)
@@ -50,6 +60,24 @@ def merge_overrides(
     return merged
 
 
+def router_record(addr: str, demand: Demand | None) -> bytes:
+    """The value of a router's `routers/<id>` key: its address, and its demand when it publishes one."""
+    record: dict[str, object] = {"addr": addr}
+    if demand is not None:
+        record["demand"] = demand.to_record()
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _demand_in(router: str, raw: bytes) -> Demand:
+    """The demand a peer's record carries (none if it carries none or cannot be read)."""
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        log.warning("router %r published a record that is not JSON (%s): counting no demand", router, exc)
+        return NO_DEMAND
+    return Demand.from_record(record.get("demand")) if isinstance(record, dict) else NO_DEMAND
+
+
 class PeerView:
     """Follows `routers/` and `tenants/` and applies them to the driver and the tenant directory."""
 
@@ -71,17 +99,27 @@ class PeerView:
         metrics.tenants = frozenset(configured)
         self._in_force = dict(configured)
         self.routers = 1
+        self.router_id: str | None = None
+        """This router's name in `routers/` (set by `start`): its own record is not a peer's."""
+        self._records: dict[str, tuple[bytes, Demand]] = {}
+        """Each peer's raw record and the demand read from it (a record is parsed once per value)."""
+        self._peers: dict[str, Demand] = {}
+        self.stale = False
+        """True while this router cannot reach etcd: shares are the equal split."""
         self._tasks: list[asyncio.Task[None]] = []
 
     def current_directory(self) -> TenantDirectory:
         """The tenant directory in force now (swapped atomically on reload)."""
         return self.directory
 
-    def start(self) -> None:
-        """Follow both prefixes in the background."""
+    def start(self, router_id: str, registration: LeasedKey, addr: str) -> None:
+        """Follow both prefixes, and publish this router's demand in its `registration` (a record that
+        carries `addr`), in the background."""
+        self.router_id = router_id
         self._tasks = [
-            asyncio.create_task(self._follow(ROUTERS, self._apply_routers), name="peers-routers"),
+            asyncio.create_task(self._follow(ROUTERS, self.apply_routers), name="peers-routers"),
             asyncio.create_task(self._follow(TENANTS, self._apply_tenants), name="peers-tenants"),
+            asyncio.create_task(self._publish(registration, addr), name="peers-demand"),
         ]
 
     async def stop(self) -> None:
@@ -96,10 +134,47 @@ class PeerView:
             async for snapshot in snapshots:
                 apply(snapshot)
 
-    def _apply_routers(self, snapshot: dict[str, bytes]) -> None:
-        self.routers = max(1, len(snapshot))
-        self._driver.set_routers(self.routers)
+    @property
+    def peers(self) -> dict[str, Demand]:
+        """The other live routers and the demand each published, as last read."""
+        return self._peers
+
+    def apply_routers(self, snapshot: dict[str, bytes]) -> None:
+        """A `routers/` snapshot: count the routers, read the peers' demand (records whose value did not
+        change are not parsed again) and hand it to the core unless the view is stale."""
+        records = {}
+        for name, raw in snapshot.items():
+            if name == self.router_id:
+                continue
+            known = self._records.get(name)
+            records[name] = known if known is not None and known[0] == raw else (raw, _demand_in(name, raw))
+        self._records = records
+        self._peers = {name: demand for name, (_, demand) in records.items()}
+        self.routers = len(records) + 1
         self._metrics.routers.set(self.routers)
+        if not self.stale:
+            self._driver.set_peers(self._peers)
+
+    async def _publish(self, registration: LeasedKey, addr: str) -> None:
+        """Publish rounds, every interval the core asks for; the equal split while etcd is out of reach."""
+        while True:
+            await asyncio.sleep(self._driver.demand_interval_s())
+            if not registration.connected:
+                if not self.stale:
+                    log.warning("etcd unreachable: quotas fall back to the equal split over %d routers",
+                                self.routers)  # fmt: skip
+                    self.stale = True
+                    self._driver.set_peers(None)
+                continue
+            if self.stale:
+                log.warning("etcd reachable again: quota shares follow demand again")
+                self.stale = False
+                self._driver.set_peers(self._peers)
+            demand = self._driver.publish_demand()
+            if demand is not None:
+                await registration.update(router_record(addr, demand))
+                await asyncio.sleep(OWN_GRACE_S)  # the peers' watches deliver it meanwhile
+                self._driver.count_published()
 
     def _apply_tenants(self, snapshot: dict[str, bytes]) -> None:
         merged = merge_overrides(self._configured, snapshot, self._in_force)

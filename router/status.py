@@ -146,8 +146,11 @@ class StatusLoop:
         accepting = sum(1 for w in core.workers if w.accepting)
         self._metrics.workers.labels("true").set(accepting)
         self._metrics.workers.labels("false").set(sum(1 for _ in core.workers) - accepting)
-        for tenant, level in self._driver.core.admission.limiter.levels(now).items():
+        limiter = self._driver.core.admission.limiter
+        for tenant, level in limiter.levels(now).items():
             self._metrics.token_level.labels(tenant).set(level)
+            share = limiter.shares.cluster if tenant == "*" else limiter.shares.of(tenant)
+            self._metrics.quota_share.labels(tenant).set(share)
 
     def _export_cache(self) -> None:
         stats = self._cache.store.stats

@@ -2,13 +2,18 @@
 
 Like `router/driver.py` it only translates events into `RouterCore` calls and carries the returned
 decisions out — the rules are the core's, so the simulator cannot drift from the server:
-- an arrival → `arrive` on one of the routers (in turn); a simulated worker's answer → `answered` on the
-  router that sent the batch; a crash noticed → `worker_left` on every router; a drain → the worker
-  registered as draining, then `worker_left` once it is idle; every `load_report_ms` → `worker_reported`
-  (what each worker holds, from every router) on every router; a router's timer → `tick`;
+- an arrival → `arrive` on one of the routers (in turn, or as its class's `placement` says); a simulated
+  worker's answer → `answered` on the router that sent the batch; a crash noticed → `worker_left` on every
+  router; a drain → the worker registered as draining, then `worker_left` once it is idle; every
+  `load_report_ms` → `worker_reported` (what each worker holds, from every router) on every router; a
+  router's timer → `tick`;
 - a decision's dispatches go to the simulated workers (which merge, skip and refuse as the real runner
   does: bench/sim/workers.py), its settled requests become records, its drops reach the workers, and each
-  router's one timer is re-armed at `wake_at` (a superseded timer never fires, as the driver's alarm).
+  router's one timer is re-armed at `wake_at` (a superseded timer never fires, as the driver's alarm);
+- with quotas and several routers, each router has a publish round every interval its core asks for
+  (`publish_demand`, staggered across routers as unsynchronised processes are); what it publishes reaches
+  every other router `demand_delay_ms` later (`set_peers`, as router/peers.py does on a watch event), and
+  the publisher counts it in full `OWN_GRACE_S` later (`count_published`).
 Time only moves by jumping to the next event, so a run is deterministic for a seed and as fast as the
 core allows.
 
@@ -30,15 +35,17 @@ from dataclasses import replace
 from bench.loadgen_stats import RequestRecord
 from bench.sim.plan import RunPlan
 from bench.sim.results import SimResult, WorkerStats
-from bench.sim.scenario import Failure, worker_ids
+from bench.sim.scenario import Failure, SimScenario, worker_ids
 from bench.sim.workers import Running, SimWorker, class_of
 from common.config import AdmissionSettings, RouterSettings, TenantSettings
 from common.errors import SluiceError
 from router.policy.core import RouterCore
+from router.policy.demand import NO_DEMAND, Demand
 from router.policy.lanes import QueuedRequest
 from router.policy.outcomes import BatchAnswer, Decision, Served
+from router.policy.shares import OWN_GRACE_S
 
-ARRIVAL, DONE, ANSWER, TIMER, CRASH, NOTICED, DRAIN, REPORT = range(8)
+ARRIVAL, DONE, ANSWER, TIMER, CRASH, NOTICED, DRAIN, REPORT, PUBLISH, PEER, COUNTED = range(11)
 UNLIMITED = TenantSettings(rate=1e12, burst=10**12, max_inflight=10**12, default_priority=9, max_priority=1)
 SETTLE_S = 60.0
 """After the last arrival plus the longest deadline, a run that still has events is broken: stop."""
@@ -53,13 +60,25 @@ CoreFactory = Callable[[int, RunPlan], RouterCore]
 
 
 def make_core(router: int, plan: RunPlan) -> RouterCore:
-    """The core one simulated router runs: the plan's policy, unlimited tenants."""
+    """The core one simulated router runs: the plan's policy; tenants unlimited unless the scenario gives
+    them a quota."""
     policy = plan.policy
     settings = RouterSettings(batcher=policy.batcher, scheduler=policy.scheduler)
-    admission = AdmissionSettings(enabled=policy.admission, lane_max_queued=policy.lane_max_queued)
-    tenants = {c.tenant: UNLIMITED for c in plan.scenario.classes}
+    admission = AdmissionSettings(
+        enabled=policy.admission, lane_max_queued=policy.lane_max_queued, quota_shares=policy.quota_shares
+    )
+    tenants = {c.tenant: _tenant(plan.scenario, c.tenant) for c in plan.scenario.classes}
     rng = random.Random(plan.scenario.seed * 7919 + router)
     return RouterCore(0.0, settings=settings, admission=admission, tenants=tenants, rng=rng)
+
+
+def _tenant(scenario: SimScenario, name: str) -> TenantSettings:
+    quota = scenario.quotas.get(name)
+    if quota is None:
+        return UNLIMITED
+    return UNLIMITED.model_copy(
+        update={"rate": quota.rate, "burst": quota.burst, "max_inflight": quota.max_inflight}
+    )
 
 
 class Simulation:
@@ -90,6 +109,10 @@ class Simulation:
         self._last_fired = [-1.0] * len(self.cores)
         self._spins = [0] * len(self.cores)
         self._records: list[RequestRecord | None] = [None] * plan.arrivals
+        self._placed = [0] * len(self.classes)
+        """Requests of each class placed so far (a class with a `placement` takes its routers in turn)."""
+        self._published: dict[str, Demand] = {f"r{r}": NO_DEMAND for r in range(len(self.cores))}
+        """What each router last published, as the others read it."""
         self.batch_rows: list[int] = []
         self.cut_reasons: Counter[str] = Counter()
         self.late_rows = 0
@@ -98,12 +121,16 @@ class Simulation:
         for failure in scenario.failures:
             self._push(failure.at_s, CRASH if failure.kind == "crash" else DRAIN, failure)
         for router, core in enumerate(self.cores):
-            core.set_routers(0.0, len(self.cores))
+            core.set_peers(0.0, self._peers_of(router))
             for worker in self.workers.values():
                 self._register(router, worker, ready=True, now=0.0)
                 self._apply(router, core.worker_connected(0.0, worker.worker_id, True), 0.0)
         if len(self.cores) > 1 and scenario.workers_report_load:
             self._push(scenario.load_report_ms / 1000.0, REPORT, None)
+        if len(self.cores) > 1 and scenario.quotas:
+            for router, core in enumerate(self.cores):
+                interval = core.publish_interval_s()
+                self._push(interval * (1 + router / len(self.cores)), PUBLISH, router)
 
     def _warmup_timings(self) -> dict[int, float]:
         """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest
@@ -179,6 +206,22 @@ class Simulation:
             self._report(now)
             if arrivals_left or self._events:
                 self._push(now + self.plan.scenario.load_report_ms / 1000.0, REPORT, None)
+        elif kind in (PUBLISH, PEER, COUNTED):
+            self._share_event(kind, data, now, arrivals_left=arrivals_left)
+
+    def _share_event(self, kind: int, data: object, now: float, *, arrivals_left: bool) -> None:
+        if kind == PUBLISH:
+            assert isinstance(data, int)
+            self.publish(data, now)
+            if arrivals_left:
+                self._push(now + self.cores[data].publish_interval_s(), PUBLISH, data)
+        elif kind == PEER:
+            assert isinstance(data, tuple)
+            router, demand = data
+            self.peer_published(router, demand, now)
+        else:
+            assert isinstance(data, int)
+            self.cores[data].count_published(now)
 
     def _fired(self, router: int, now: float) -> None:
         """A router's timer fired; a core that asks to be woken at the same instant forever is a bug."""
@@ -229,13 +272,36 @@ class Simulation:
         for router, core in enumerate(self.cores):
             self._apply(router, core.worker_left(now, worker_id, why), now)
 
+    def publish(self, router: int, now: float) -> None:
+        """A router's publish round: what it publishes reaches the others after `demand_delay_ms`, and the
+        router counts it in full `OWN_GRACE_S` after writing it (as router/peers.py does)."""
+        demand = self.cores[router].publish_demand(now)
+        if demand is not None:
+            self._push(now + self.plan.scenario.demand_delay_ms / 1000.0, PEER, (router, demand))
+            self._push(now + OWN_GRACE_S, COUNTED, router)
+
+    def peer_published(self, router: int, demand: Demand, now: float) -> None:
+        """A router's published demand reaches every other router."""
+        self._published[f"r{router}"] = demand
+        for other, core in enumerate(self.cores):
+            if other != router:
+                core.set_peers(now, self._peers_of(other))
+
+    def _peers_of(self, router: int) -> dict[str, Demand]:
+        own = f"r{router}"
+        return {name: demand for name, demand in self._published.items() if name != own}
+
     def arrive(self, index: int, cls: int, now: float) -> None:
-        """Arrival `index` (of class `cls`) reaches a router, the routers taken in turn."""
+        """Arrival `index` (of class `cls`) reaches a router: the routers in turn, or the class's own."""
         spec = self.classes[cls]
         deadline = now + spec.deadline_ms / 1000.0 - self.overhead_s
         lane = self.plan.lanes[cls]
         length = lane.shape[0][1][0]  # the padded length: the lane's shape bucket
-        router = index % len(self.cores)
+        if spec.placement is None:
+            router = index % len(self.cores)
+        else:
+            router = spec.placement[self._placed[cls] % len(spec.placement)]
+            self._placed[cls] += 1
         core = self.cores[router]
         request = core.new_request(
             now,

@@ -25,6 +25,8 @@ from bench.sim.plan import RunPlan
 WORKER_DETAIL_UP_TO = 64
 """Reports list workers one by one up to this many; bigger fleets get a distribution."""
 SHED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+QUOTA_REASONS = ("tenant_rate", "tenant_inflight", "global_rate")
+"""Refusals by a quota (the rest were admitted, whatever happened next)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,23 @@ def _workers(result: SimResult) -> dict[str, Any]:
     }
 
 
+def tenant_figures(result: SimResult) -> dict[str, Any]:
+    """Each tenant with a quota: its limit, offered and admitted (not refused by a quota) and OK rates
+    over the whole run, and admitted as a share of its limit."""
+    scenario = result.plan.scenario
+    duration = scenario.duration_s
+    figures = {}
+    for name, quota in scenario.quotas.items():
+        records = [r for r in result.records if scenario.classes[r.cls].tenant == name]
+        admitted = sum(1 for r in records if r.reason not in QUOTA_REASONS)
+        figures[name] = {
+            "limit_rps": quota.rate, "offered_rps": len(records) / duration,
+            "admitted_rps": admitted / duration, "ok_rps": sum(1 for r in records if r.ok) / duration,
+            "admitted_of_limit_pct": 100.0 * admitted / duration / quota.rate,
+        }  # fmt: skip
+    return figures
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """The run's report: totals, per class, batches, workers and the simulator's own speed."""
     plan = result.plan
@@ -136,6 +155,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             "redispatched": result.redispatched,
         },
         "workers": _workers(result),
+        "tenants": tenant_figures(result),
         "sim": {
             "wall_s": result.wall_s,
             "events": result.events,

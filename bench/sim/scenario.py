@@ -67,7 +67,7 @@ class SimClass(_Strict):
     weight: float = Field(default=1.0, gt=0)
     """Share of arrivals, relative to the other classes."""
     tenant: str = "default"
-    """Tenant (each tenant gets an unlimited quota: the simulator studies batching, not rate limits)."""
+    """Tenant: unlimited, unless the scenario's `quotas` name it."""
     priority: int = Field(default=1, ge=1)
     """1 is the highest."""
     deadline_ms: float = Field(gt=0)
@@ -78,6 +78,20 @@ class SimClass(_Strict):
     """Input length: classes with different lengths are different lanes (shape buckets)."""
     item_cost: float = Field(default=1.0, gt=0)
     """Per-row cost relative to the model's per_item_ms (a long input costs more)."""
+    placement: list[int] | None = Field(default=None, min_length=1)
+    """Routers (indices from 0) this class's requests land on, in turn — a client holding one long-lived
+    channel sticks to one router; unset: every router in turn."""
+
+
+class Quota(_Strict):
+    """A tenant's cluster-wide quota (`tenants.<name>` in sluice.yaml), split across the routers."""
+
+    rate: float = Field(gt=0)
+    """Requests per second."""
+    burst: int = Field(default=100, ge=1)
+    """Bucket size."""
+    max_inflight: int = Field(default=1_000_000, ge=1)
+    """Requests admitted and not yet answered."""
 
 
 class WorkerGroup(_Strict):
@@ -131,6 +145,8 @@ class Policy(_Strict):
     """Admission's per-lane bound."""
     padded: bool = False
     """Baseline without shape buckets: every class joins one lane padded to the longest input."""
+    quota_shares: Literal["demand", "equal"] = "demand"
+    """How routers split the `quotas` (`admission.quota_shares`): following demand, or 1/N each."""
 
 
 class Variant(_Strict):
@@ -177,8 +193,13 @@ class SimScenario(_Strict):
     """Batch-time noise and stalls."""
     failures: list[Failure] = []
     """Worker crashes and drains."""
-    routers: int = Field(default=1, ge=1, le=64)
-    """Routers sharing the workers; arrivals are spread over them in turn, each runs its own core."""
+    routers: int = Field(default=1, ge=1, le=100)
+    """Routers sharing the workers; arrivals are spread over them in turn (or as each class's
+    `placement` says), each runs its own core."""
+    quotas: dict[str, Quota] = {}
+    """Cluster-wide quotas of the tenants named here; other tenants are unlimited."""
+    demand_delay_ms: float = Field(default=5.0, ge=0)
+    """How long a router's published demand takes to reach the others (etcd's write and watch)."""
     load_report_ms: float = Field(default=250.0, gt=0)
     """How often every worker reports its load to every router (the real heartbeat interval)."""
     workers_report_load: bool = True
@@ -204,6 +225,10 @@ class SimScenario(_Strict):
                 raise ValueError(f"variants.{variant.name}: unknown classes {sorted(unknown)}")
             Policy.model_validate({**self.policy.model_dump(), **variant.policy})
             ModelSpec.model_validate({**self.model.model_dump(), **variant.model})
+        for c in self.classes:
+            if c.placement is not None and not all(0 <= r < self.routers for r in c.placement):
+                last = self.routers - 1
+                raise ValueError(f"classes.{c.name}.placement: router indices must lie in 0..{last}")
         ids = set(worker_ids(self.workers))
         for failure in self.failures:
             if failure.worker not in ids:

@@ -19,14 +19,17 @@ baseline our overload figures compare against.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from common.config import AdmissionSettings, TenantSettings
 from common.errors import InvalidArgument, Unavailable
+from router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
 from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from router.policy.queues import QueueBounds
 from router.policy.ratelimit import Quota, RateLimiter
+from router.policy.shares import ShareBook
 
 AUDIT_TENANT = "__audit__"
 """Internal tenant of cache audits: unlimited quota, lowest priority (router/auditor.py)."""
@@ -77,10 +80,45 @@ class AdmissionController:
         self.settings = settings
         glob = Quota(settings.global_rate, settings.global_burst) if settings.global_rate else None
         self.limiter = RateLimiter(_quotas(tenants), glob, now)
+        self.demand = DemandMeter(settings.demand_window_s)
+        self.book = ShareBook(follow_demand=settings.quota_shares == "demand", floor=settings.share_floor)
 
     def set_tenants(self, tenants: dict[str, TenantSettings], now: float) -> None:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
         self.limiter.set_quotas(_quotas(tenants), now)
+        self._reshare(now)
+
+    def set_peers(self, peers: Mapping[str, Demand] | None, now: float) -> None:
+        """The other live routers and the demand each published (None: unknown now, so the equal split over
+        the routers last known); shares follow at once (router/policy/shares.py)."""
+        self.book.set_peers(peers)
+        self._reshare(now)
+
+    def publish_demand(self, now: float) -> Demand | None:
+        """One publish round (the shell runs one every `publish_interval_s`): the demand to publish now if
+        it moved materially, else None. Where it fell it counts at once; where it rose, only from
+        `count_published`, which the shell calls `OWN_GRACE_S` after writing it."""
+        if self.settings.quota_shares != "demand":
+            return None
+        current = self.demand.current(now).as_published()
+        if not changed(self.book.published, current):
+            return None
+        self.book.publish(current)
+        self._reshare(now)
+        return current
+
+    def count_published(self, now: float) -> None:
+        """The last published demand has reached the peers: count it in full."""
+        self.book.promote()
+        self._reshare(now)
+
+    def publish_interval_s(self) -> float:
+        """How long to wait between two publish rounds (router/policy/demand.py)."""
+        return publish_interval_s(self.settings.demand_publish_s, self.book.routers)
+
+    def _reshare(self, now: float) -> None:
+        tenants = [name for name in self.limiter.quotas if name != AUDIT_TENANT]
+        self.limiter.set_shares(self.book.shares(tenants), now)
 
     def execution_seconds(self, request: QueuedRequest, estimates: ServiceEstimates) -> float:
         """Estimated execution time of the request's batch, with the safety margin."""
@@ -110,6 +148,8 @@ class AdmissionController:
             request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
             return
         execution = self.execution_seconds(request, view.estimates)
+        if request.tenant != AUDIT_TENANT:
+            self.demand.note(request.tenant, now)
         self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
         try:
             self._check_deadline(request, execution, now, view, limits)

@@ -1,11 +1,14 @@
 """RouterCore: every decision one router makes, sans-IO, in the manner of h11's `Connection`.
 
 Events go in, each with an explicit `now` — a request arrived or was cancelled, a worker answered a batch,
-a send failed, a worker registered, connected, reported its load or left, the tenants or the router count
-changed, or simply `tick` — and each returns one `Decision` (router/policy/outcomes.py): batches to send,
-requests settled with a result or a typed error, items workers should drop, hung workers to disconnect,
-and when to tick next. The asyncio driver (router/driver.py) and the simulator (bench/sim/engine.py) only
-translate events and carry decisions out; every rule has its home here or in a module this one calls.
+a send failed, a worker registered, connected, reported its load or left, the tenants or the peer routers
+(and their demand) changed, or simply `tick` — and each returns one `Decision` (router/policy/outcomes.py):
+batches to send, requests settled with a result or a typed error, items workers should drop, hung workers
+to disconnect, and when to tick next. Quota shares have events of their own that return no decision:
+`set_peers`, `publish_demand` (what this router should tell its peers now) and `count_published`
+(router/policy/shares.py).
+The asyncio driver (router/driver.py) and the simulator (bench/sim/engine.py) only translate events and
+carry decisions out; every rule has its home here or in a module this one calls.
 
 Rules, and where they live:
 1. arrival: a deadline already passed → DEADLINE_EXCEEDED; no accepting worker serves the version →
@@ -52,6 +55,7 @@ from router.policy.admission import AdmissionController, queue_bounds
 from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
 from router.policy.breaker import CircuitBreaker
 from router.policy.catalog import ModelCatalog
+from router.policy.demand import Demand
 from router.policy.estimators import ServiceEstimates
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Learned, Served
@@ -319,9 +323,22 @@ class RouterCore:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
         self.admission.set_tenants(tenants, now)
 
-    def set_routers(self, now: float, count: int) -> None:
-        """How many routers share the cluster-wide quotas now."""
-        self.admission.limiter.set_routers(count, now)
+    def set_peers(self, now: float, peers: Mapping[str, Demand] | None) -> None:
+        """The other live routers sharing the cluster-wide quotas, with the demand each published; None
+        while they cannot be known (etcd unreachable): the equal split over the routers last known."""
+        self.admission.set_peers(peers, now)
+
+    def publish_demand(self, now: float) -> Demand | None:
+        """A publish round: the demand this router should publish now, if it moved materially."""
+        return self.admission.publish_demand(now)
+
+    def count_published(self, now: float) -> None:
+        """The demand last published has had `OWN_GRACE_S` to reach the peers: count it in full."""
+        self.admission.count_published(now)
+
+    def publish_interval_s(self) -> float:
+        """How long a shell waits between two publish rounds (stretched with many routers)."""
+        return self.admission.publish_interval_s()
 
     # -- time -------------------------------------------------------------------------------------------
     def tick(self, now: float) -> Decision:

@@ -1,11 +1,12 @@
 """Rate limits and in-flight quotas: token buckets per tenant and global, in-flight caps per tenant.
 
-Every limit is cluster-wide in the config and enforced as a share by each router: with N live routers
-(counted from etcd `routers/`), each enforces rate/N, burst/N and max_inflight/N (never below one
-request). The approximation is exact when clients spread evenly over routers (client-side round_robin)
-and errs on the strict side otherwise: a tenant whose traffic all lands on one router gets 1/N of its
-quota (docs/admission.md). Shares change the moment the router count changes; bucket levels are scaled,
-not reset, so a rebalance neither grants a burst nor empties a bucket.
+Every limit is cluster-wide in the config and enforced as a share by each router: this router enforces
+a fraction of each tenant's rate, burst and in-flight cap, and of the global rate and burst — the
+fractions come from router/policy/shares.py (following where each tenant's demand arrives, or the equal
+split 1/N over N live routers). In-flight caps are whole requests: the exact share rounded to the nearest
+integer, never below one. A rebalance never grants tokens: a bucket that grows keeps its level, one that
+shrinks is clamped to its new size, so moving shares between routers cannot let a burst through
+(docs/admission.md states the bounds).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from common.errors import ResourceExhausted
+from router.policy.shares import Shares, equal_shares
 
 
 @dataclass(slots=True)
@@ -48,11 +50,10 @@ class TokenBucket:
         return self.tokens
 
     def rescale(self, rate: float, burst: float, now: float) -> None:
-        """New rate and size; the fill ratio is kept."""
+        """New rate and size; the level is kept, clamped to the new size (a rescale never grants tokens)."""
         self._refill(now)
-        fill = self.tokens / self.burst if self.burst else 0.0
         self.rate, self.burst = rate, burst
-        self.tokens = fill * burst
+        self.tokens = min(self.tokens, burst)
 
 
 @dataclass(frozen=True)
@@ -68,47 +69,61 @@ class RateLimiter:
     """Per-tenant and global token buckets plus per-tenant in-flight counts, at this router's share."""
 
     def __init__(self, tenants: dict[str, Quota], global_quota: Quota | None, now: float) -> None:
-        self._routers = 1
+        self.shares = equal_shares(1)
         self._quotas = dict(tenants)
         self._global_quota = global_quota
-        self._buckets = {name: self._bucket(q, now) for name, q in tenants.items()}
-        self._global = self._bucket(global_quota, now) if global_quota else None
+        self._buckets = {name: self._bucket(q, self.shares.of(name), now) for name, q in tenants.items()}
+        self._global = self._bucket(global_quota, self.shares.cluster, now) if global_quota else None
         self.inflight: dict[str, int] = dict.fromkeys(tenants, 0)
 
-    def _share(self, amount: float) -> float:
-        return amount / self._routers
-
-    def _bucket(self, quota: Quota, now: float) -> TokenBucket:
-        return TokenBucket(self._share(quota.rate), max(1.0, self._share(quota.burst)), updated=now)
+    @staticmethod
+    def _bucket(quota: Quota, fraction: float, now: float) -> TokenBucket:
+        return TokenBucket(quota.rate * fraction, max(1.0, quota.burst * fraction), updated=now)
 
     @property
     def routers(self) -> int:
         """How many routers share the limits."""
-        return self._routers
+        return self.shares.routers
 
-    def set_routers(self, count: int, now: float) -> None:
-        """Rescale every share for `count` live routers (at least 1)."""
-        self._routers = max(1, count)
+    @property
+    def quotas(self) -> dict[str, Quota]:
+        """The cluster-wide quota of each tenant."""
+        return self._quotas
+
+    def set_shares(self, shares: Shares, now: float) -> None:
+        """Enforce these fractions of every limit from now on (buckets rescaled, never granted tokens)."""
+        self.shares = shares
         self.set_quotas(self._quotas, now)
 
     def set_quotas(self, tenants: dict[str, Quota], now: float) -> None:
-        """New per-tenant quotas (live reload); buckets keep their fill ratio, in-flight counts stay."""
+        """New per-tenant quotas (live reload); buckets keep their level, in-flight counts stay."""
         self._quotas = dict(tenants)
         for name, quota in self._quotas.items():
+            fraction = self.shares.of(name)
             bucket = self._buckets.get(name)
             if bucket is None:
-                self._buckets[name] = self._bucket(quota, now)
+                self._buckets[name] = self._bucket(quota, fraction, now)
                 self.inflight.setdefault(name, 0)
             else:
-                bucket.rescale(self._share(quota.rate), max(1.0, self._share(quota.burst)), now)
+                bucket.rescale(quota.rate * fraction, max(1.0, quota.burst * fraction), now)
         if self._global is not None and self._global_quota is not None:
-            glob = self._global_quota
-            self._global.rescale(self._share(glob.rate), max(1.0, self._share(glob.burst)), now)
+            glob, fraction = self._global_quota, self.shares.cluster
+            self._global.rescale(glob.rate * fraction, max(1.0, glob.burst * fraction), now)
 
     def inflight_cap(self, tenant: str) -> int | None:
-        """This router's share of the tenant's in-flight cap."""
+        """This router's share of the tenant's in-flight cap: rounded to the nearest request, at least 1."""
         cap = self._quotas[tenant].max_inflight
-        return None if cap is None else max(1, math.ceil(cap / self._routers))
+        return None if cap is None else max(1, math.floor(cap * self.shares.of(tenant) + 0.5))
+
+    def rate_share(self, tenant: str) -> float:
+        """This router's share of the tenant's rate, in requests per second."""
+        return self._quotas[tenant].rate * self.shares.of(tenant)
+
+    def _hint(self, wait: float, quota: Quota) -> float:
+        """The retry hint of a refused token: the wait for the next one here, but never longer than one
+        token takes at the equal split. A router holding a small share gets a bigger one as the demand it
+        sees is published, and clients that honoured a long hint would hide that demand."""
+        return min(wait, self.shares.routers / quota.rate)
 
     def acquire(self, tenant: str, now: float, *, busy_retry_s: float) -> None:
         """Admit one request against every limit, or raise RESOURCE_EXHAUSTED with a retry hint.
@@ -127,17 +142,19 @@ class RateLimiter:
         bucket = self._buckets[tenant]
         wait = bucket.try_take(now)
         if wait:
+            quota = self._quotas[tenant]
             raise ResourceExhausted(
-                f"tenant {tenant!r} is over its rate of {self._quotas[tenant].rate:g} req/s",
+                f"tenant {tenant!r} is over its rate of {quota.rate:g} req/s "
+                f"({bucket.rate:.3g} req/s on this router now)",
                 reason="tenant_rate",
-                retry_after_s=wait,
+                retry_after_s=self._hint(wait, quota),
             )
-        if self._global is not None:
+        if self._global is not None and self._global_quota is not None:
             wait = self._global.try_take(now)
             if wait:
                 bucket.tokens += 1.0
                 raise ResourceExhausted("the cluster is over its global request rate", reason="global_rate",
-                                        retry_after_s=wait)  # fmt: skip
+                                        retry_after_s=self._hint(wait, self._global_quota))  # fmt: skip
         self.inflight[tenant] += 1
 
     def release(self, tenant: str) -> None:

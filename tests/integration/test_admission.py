@@ -1,5 +1,5 @@
 """Admission through a real router (in-process) with a real worker and etcd: tenants, quotas, hints,
-and quota shares across two routers."""
+and equal quota shares across two routers (shares that follow demand: test_quota_shares.py)."""
 
 from __future__ import annotations
 
@@ -78,11 +78,12 @@ async def test_rate_limit_answers_resource_exhausted_with_both_retry_hints(
     assert status.details[0].Unpack(info) and info.retry_delay.ToMilliseconds() == int(trailers[PUSHBACK_KEY])
 
 
-async def test_two_routers_each_enforce_half_and_rebalance_when_one_leaves(
+async def test_with_equal_shares_two_routers_each_enforce_half_and_rebalance_when_one_leaves(
     make_router: MakeRouter, spawn: Spawn
 ) -> None:
-    first = await ready_router(make_router, spawn, admission=AdmissionSettings())
-    second = await make_router(tenants=TENANTS)
+    equal = AdmissionSettings(quota_shares="equal")  # shares that follow demand: test_quota_shares.py
+    first = await ready_router(make_router, spawn, admission=equal)
+    second = await make_router(tenants=TENANTS, admission=equal)
     await eventually(
         lambda: first.peers.routers == 2 and second.peers.routers == 2, 2, "both routers counted"
     )

@@ -6,6 +6,7 @@ import pytest
 
 from common.errors import Code, SluiceError
 from router.policy.ratelimit import Quota, RateLimiter, TokenBucket
+from router.policy.shares import Shares, equal_shares
 
 
 def test_bucket_allows_a_burst_then_the_rate() -> None:
@@ -54,9 +55,9 @@ def test_global_refusal_refunds_the_tenant_token() -> None:
 
 def test_each_of_n_routers_enforces_a_share_and_rebalances_at_once() -> None:
     limiter = RateLimiter({"t": Quota(rate=100, burst=10, max_inflight=9)}, None, now=0.0)
-    limiter.set_routers(2, now=0.0)
-    assert limiter.inflight_cap("t") == 5
-    assert limiter.levels(0.0)["t"] == pytest.approx(5)  # fill ratio kept, size halved
+    limiter.set_shares(equal_shares(2), now=0.0)
+    assert limiter.inflight_cap("t") == 5  # 4.5 rounded to the nearest request
+    assert limiter.levels(0.0)["t"] == pytest.approx(5)  # a full bucket clamped to its new size
     admitted = 0
     for step in range(1000):  # 10 s at 100 attempts/s
         try:
@@ -66,5 +67,32 @@ def test_each_of_n_routers_enforces_a_share_and_rebalances_at_once() -> None:
         except SluiceError:
             pass
     assert admitted == pytest.approx(5 + 50 * 10, abs=2)  # its share: 50 req/s plus its half-burst
-    limiter.set_routers(1, now=10.0)
+    limiter.set_shares(equal_shares(1), now=10.0)
     assert limiter.inflight_cap("t") == 9
+
+
+def test_a_share_that_grows_grants_no_tokens_and_one_that_shrinks_clamps() -> None:
+    limiter = RateLimiter({"t": Quota(rate=100, burst=100)}, None, now=0.0)
+    limiter.set_shares(Shares(2, {"t": 0.1}, 0.5, follow_demand=True), now=0.0)
+    assert limiter.levels(0.0)["t"] == pytest.approx(10)  # clamped from 100
+    limiter.set_shares(Shares(2, {"t": 0.9}, 0.5, follow_demand=True), now=0.0)
+    assert limiter.levels(0.0)["t"] == pytest.approx(10)  # not 90: growing keeps the level
+    assert limiter.levels(0.5)["t"] == pytest.approx(10 + 0.5 * 90)  # and refills at the new rate
+
+
+@pytest.mark.parametrize(
+    ("fraction", "cap"), [(0.0, 1), (0.04, 1), (0.06, 1), (0.5, 5), (0.74, 7), (1.0, 10)]
+)
+def test_inflight_share_is_rounded_to_the_nearest_request_and_never_zero(fraction: float, cap: int) -> None:
+    limiter = RateLimiter({"t": Quota(rate=1, burst=1, max_inflight=10)}, None, now=0.0)
+    limiter.set_shares(Shares(4, {"t": fraction}, 0.25, follow_demand=True), now=0.0)
+    assert limiter.inflight_cap("t") == cap
+
+
+def test_a_small_share_hints_no_longer_than_a_token_at_the_equal_split() -> None:
+    limiter = RateLimiter({"t": Quota(rate=60, burst=1)}, None, now=0.0)
+    limiter.set_shares(Shares(100, {"t": 0.001}, 0.01, follow_demand=True), now=0.0)
+    limiter.acquire("t", 0.0, busy_retry_s=0.0)
+    error = _exhausted(limiter, "t", 0.0)
+    assert error.retry_after_s == pytest.approx(100 / 60)  # not 1 / 0.06 req/s = 16.7 s
+    assert "60 req/s" in error.message and "0.06 req/s on this router" in error.message

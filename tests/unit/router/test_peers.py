@@ -1,0 +1,72 @@
+"""What the peers' view makes of `routers/` snapshots: the records it parses (once per value), its own
+record left out, malformed records counted as no demand, and the core's shares following. The etcd side
+(watch, publish, outage) is tested with a real etcd in tests/integration/test_quota_shares.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.clock import FakeClock
+from common.config import AdmissionSettings, EtcdSettings, RouterSettings, TenantSettings
+from router.driver import Driver
+from router.metrics import RouterMetrics
+from router.peers import PeerView, router_record
+from router.policy.core import RouterCore
+from router.policy.demand import Demand
+from router.worker_link import WorkerLinks
+
+TENANTS = {"t": TenantSettings(rate=60, burst=10, max_inflight=10)}
+
+
+def peer_view() -> tuple[PeerView, Driver]:
+    clock = FakeClock(0.0)
+    core = RouterCore(0.0, settings=RouterSettings(), admission=AdmissionSettings(), tenants=TENANTS)
+    driver = Driver(clock, core, WorkerLinks(), RouterMetrics())
+    view = PeerView(EtcdSettings(), TENANTS, require_api_key=False, driver=driver, metrics=RouterMetrics())
+    view.router_id = "me"  # what start() sets (it also opens the etcd watches)
+    return view, driver
+
+
+def test_a_record_carries_the_address_and_bounded_demand() -> None:
+    assert json.loads(router_record("h:1", None)) == {"addr": "h:1"}
+    record = json.loads(router_record("h:1", Demand({"t": 123.456}, 130.0)))
+    assert record == {"addr": "h:1", "demand": {"tenants": {"t": 123.0}, "total": 130.0}}
+
+
+def test_peers_demand_moves_this_routers_share_and_its_own_record_is_not_a_peer() -> None:
+    view, driver = peer_view()
+    limiter = driver.core.admission.limiter
+    me = router_record("h:0", None)
+    busy = router_record("h:1", Demand({"t": 150.0}, 150.0))
+    view.apply_routers({"me": me, "busy": busy, "idle": router_record("h:2", None)})
+    assert view.routers == 3
+    assert limiter.rate_share("t") == pytest.approx(60 * 0.1 / 3)  # all demand elsewhere: the floor
+    view.apply_routers({"me": me, "idle": router_record("h:2", None)})  # busy's lease expired
+    assert view.routers == 2 and limiter.rate_share("t") == pytest.approx(30)  # nobody asks: equal
+
+
+def test_a_record_is_parsed_once_per_value_and_a_malformed_one_counts_as_no_demand() -> None:
+    view, _ = peer_view()
+    busy = router_record("h:1", Demand({"t": 150.0}, 150.0))
+    view.apply_routers({"busy": busy, "bad": b"{not json"})
+    parsed = view.peers["busy"]
+    view.apply_routers({"busy": busy, "bad": b"{not json", "new": router_record("h:3", None)})
+    assert view.peers["busy"] is parsed  # the same value is not parsed again
+    assert view.peers["bad"] == Demand()
+    assert view.routers == 4
+
+
+def test_while_stale_the_view_is_kept_but_not_applied() -> None:
+    view, driver = peer_view()
+    limiter = driver.core.admission.limiter
+    busy = router_record("h:1", Demand({"t": 150.0}, 150.0))
+    view.apply_routers({"busy": busy})
+    view.stale = True  # what the publish loop does when the registration lost etcd
+    driver.set_peers(None)
+    assert limiter.rate_share("t") == pytest.approx(30)  # the equal split over the 2 routers last known
+    view.apply_routers({"busy": busy, "idle": router_record("h:2", None)})
+    assert limiter.rate_share("t") == pytest.approx(30)  # not applied while stale ...
+    driver.set_peers(view.peers)  # ... but kept, for when etcd answers again
+    assert limiter.rate_share("t") == pytest.approx(60 * 0.1 / 3)
