@@ -29,12 +29,23 @@ from worker.model_config import DeviceKind, ModelConfig, ModelConfigError, first
 TRITON_CONFIG_FILE = "config.pbtxt"
 _BACKENDS = {"pytorch_libtorch": "torchscript", "onnxruntime_onnx": "onnxruntime"}
 _BACKEND_NAMES = {"pytorch": "torchscript", "onnxruntime": "onnxruntime"}
-# Sections declared as empty messages in our schema: their contents are skipped, never read.
-_OPAQUE = (
-    "ModelOptimizationPolicy", "ModelSequenceBatching", "ModelEnsembling", "ModelWarmup", "ModelOperations",
-    "ModelRepositoryAgents", "ModelMetrics", "BatchInput", "BatchOutput", "ModelRateLimiter",
-    "SecondaryDevice",
-)  # fmt: skip
+# Sections declared as empty messages in our schema, whose contents are never read: those that refuse the
+# model (field, why), and those that are skipped with a warning (their field).
+_REFUSED_SECTIONS = {
+    "ModelSequenceBatching": ("sequence_batching", "stateful sequences are not served"),
+    "ModelEnsembling": ("ensemble_scheduling", "ensembles are not served"),
+    "BatchInput": ("batch_input", "ragged batch inputs are not supported"),
+    "BatchOutput": ("batch_output", "ragged batch outputs are not supported"),
+}
+_SKIPPED_SECTIONS = {
+    "ModelOptimizationPolicy": "optimization",
+    "ModelWarmup": "model_warmup",
+    "ModelOperations": "model_operations",
+    "ModelRepositoryAgents": "model_repository_agents",
+    "ModelMetrics": "model_metrics",
+    "ModelRateLimiter": "instance_group.rate_limiter",
+    "SecondaryDevice": "instance_group.secondary_devices",
+}
 _KINDS: dict[int, DeviceKind] = {
     pb.ModelInstanceGroup.KIND_AUTO: "auto",
     pb.ModelInstanceGroup.KIND_CPU: "cpu",
@@ -78,7 +89,9 @@ def parse_triton_config(raw: bytes, *, source: Path) -> TritonModel:
     message, skipped = _parse(raw, source)
     warnings: list[str] = []
     if skipped:
-        warnings.append(f"contents of {skipped} skipped unread (a section Sluice does not apply)")
+        warnings.append(
+            f"contents of {skipped} skipped unread (and so would be a misspelt field elsewhere in this file)"
+        )
     _refuse_unservable(message, source)
     data: dict[str, Any] = {
         "name": message.name or source.parent.name,
@@ -112,8 +125,9 @@ def parse_triton_config(raw: bytes, *, source: Path) -> TritonModel:
 def _parse(raw: bytes, source: Path) -> tuple[pb.ModelConfig, str]:
     """The parsed message, and the first section whose contents were skipped ('' when none).
 
-    Strict first, so a misspelt field fails with its line and column; only when the first unknown field
-    lies inside a section we do not model is the file parsed again, skipping unknown contents.
+    Strict first, so a misspelt field fails with its line and column; a section that refuses the model
+    anyway is refused on sight; only when the first unknown field lies inside a section we skip is the
+    file parsed again, skipping unknown contents.
     """
     try:
         text = raw.decode("utf-8")
@@ -122,12 +136,22 @@ def _parse(raw: bytes, source: Path) -> tuple[pb.ModelConfig, str]:
     try:
         return text_format.Parse(text, pb.ModelConfig()), ""
     except text_format.ParseError as exc:
-        opaque = next((name for name in _OPAQUE if f'"sluice.triton.{name}"' in str(exc)), None)
-        if opaque is None:
+        inside = next(
+            (t for t in (*_REFUSED_SECTIONS, *_SKIPPED_SECTIONS) if f'"sluice.triton.{t}"' in str(exc)), ""
+        )
+        if inside in _REFUSED_SECTIONS:
+            key, why = _REFUSED_SECTIONS[inside]
+            raise ModelConfigError(why, path=source, key=key) from None
+        if not inside:
             raise ModelConfigError(
                 f"not a Triton model config: {_triton_names(str(exc))}", path=source
             ) from None
-    return text_format.Parse(text, pb.ModelConfig(), allow_unknown_field=True), opaque
+    section = _SKIPPED_SECTIONS[inside]
+    try:
+        return text_format.Parse(text, pb.ModelConfig(), allow_unknown_field=True), section
+    except text_format.ParseError as exc:
+        why = f"cannot skip the contents of {section}, which Sluice does not apply: {_triton_names(str(exc))}"
+        raise ModelConfigError(why, path=source, key=section) from None
 
 
 def _triton_names(error: str) -> str:

@@ -71,7 +71,10 @@ class TorchScriptBackend:
         parameters = schema.arguments[1:]  # without `self`
         shown = ", ".join(f"{p.name}: {p.type}" for p in parameters)
         self.signature = f"forward({shown}) -> {schema.returns[0].type}"
-        order = positions(inputs)
+        try:
+            order = positions(inputs)
+        except SignatureMismatch as exc:
+            raise SignatureMismatch(f"inputs {exc}; the model's {self.signature}") from None
         if order is None:
             self._positional: list[str] | None = None
             _check_keywords([*inputs, *([mask] if mask else [])], parameters, self.signature)
