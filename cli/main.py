@@ -140,6 +140,15 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
+    check = models_sub.add_parser(
+        "check",
+        help="validate a repository offline (config.yaml and Triton config.pbtxt) and print what each model "
+        "will be served as; exit 1 on any problem",
+    )
+    check.add_argument("repository", type=Path, metavar="DIR", help="the model repository")
+    check.add_argument(
+        "--no-load", action="store_true", help="check configs and layout only, without loading artifacts"
+    )
     add_bench_parser(sub)
     add_sim_parser(sub)
     add_admin_parsers(sub, _add_etcd_flags, _Parser)
@@ -186,6 +195,10 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     """Commands that need no cluster configuration; None for the others."""
     from cli import commands
 
+    if args.command == "models" and args.models_command == "check":
+        from cli.models_check import check_repository
+
+        return check_repository(args.repository, load=not args.no_load)
     if args.command == "models":
         return commands.models_init(args.repository)
     if args.command == "keys":
