@@ -20,6 +20,9 @@ from common.config import ConfigError, SluiceConfig, load_config
 from common.logs import configure_logging
 
 EXIT_BAD_ARGS = 1
+# What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
+# `sluice models init` need torch.
+_EXTRAS = {"torch": "worker", "onnx": "onnx", "onnxruntime": "onnx"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -254,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.command, as_json=args.log_format == "json")
     try:
         return _run(args)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"sluice {args.command}: needs {exc.name}: pip install 'sluice-inference[{extra}]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_ARGS
     except ConfigError as exc:
         print(f"sluice: configuration error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
