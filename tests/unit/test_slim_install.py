@@ -8,8 +8,11 @@ torch unimportable there, as it is in a slim install.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 
 from tests.support.triton_repo import TOY_YAML
@@ -26,6 +29,22 @@ for name in sys.argv[1:]:
     importlib.import_module(name)
 print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "onnxruntime", "onnx"})))
 """
+
+# Top-level modules the entry modules load, each with the distributions that may provide it.
+PROVIDERS = """
+import importlib, json, sys
+from importlib.metadata import packages_distributions
+already = {m.split(".")[0] for m in sys.modules}  # the interpreter's own start-up (site hooks)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+ours = {"common", "router", "worker", "cli", "bench", "tests"}
+tops = {m.split(".")[0] for m in sys.modules} - already - set(sys.stdlib_module_names) - ours
+found = packages_distributions()
+print(json.dumps({top: found[top] for top in sorted(tops) if top in found}))
+"""
+REPO = Path(__file__).resolve().parents[2]
+# Imported when present, not needed: grpc loads grpc_tools (a dev dependency) if it is installed.
+OPTIONAL = {"grpc_tools"}
 
 WITHOUT_TORCH = """
 import sys
@@ -51,6 +70,43 @@ def test_client_cli_and_router_entry_modules_never_import_torch() -> None:
     run = _python("-c", IMPORTED, *ENTRY_MODULES)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == []
+
+
+def _name(requirement: str) -> str:
+    found = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert found, requirement
+    return re.sub(r"[-_.]+", "-", found.group(0)).lower()
+
+
+def _base_closure() -> set[str]:
+    """What `pip install sluice-inference` brings: the base dependencies and theirs, without extras."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pending = [_name(r) for r in project["dependencies"]]
+    closure: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        try:
+            needs = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        pending.extend(_name(r) for r in needs if "extra ==" not in r)
+    return closure
+
+
+def test_what_the_entry_modules_import_comes_with_the_base_install() -> None:
+    run = _python("-c", PROVIDERS, *ENTRY_MODULES)
+    assert run.returncode == 0, run.stderr
+    closure = _base_closure()
+    imported: dict[str, list[str]] = json.loads(run.stdout)
+    missing = {
+        top: dists
+        for top, dists in imported.items()
+        if top not in OPTIONAL and not {_name(d) for d in dists} & closure
+    }
+    assert missing == {}, "imported by the client, CLI or router but not a base dependency"
 
 
 def test_without_torch_the_cli_works_and_worker_commands_name_the_extra(tmp_path: Path) -> None:
