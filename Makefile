@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 	@echo "==> installed: $$($(PY) -c 'import torch, grpc, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__, "grpcio", grpc.__version__)'), etcd at $(VENV)/bin/etcd"
 
-install: $(STAMP) ## create .venv/ and install Python deps plus etcd and Redis binaries (idempotent)
+install: $(STAMP) ## create .venv/ with every extra (torch, onnxruntime, dev tools) plus etcd and Redis binaries (idempotent)
 
 protos: $(STAMP) ## regenerate the Python stubs in common/pb/ from protos/
 	@echo "==> generating gRPC/protobuf stubs from protos/ into common/pb/"
