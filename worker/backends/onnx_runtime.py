@@ -3,8 +3,10 @@
 Binding is by name, as in Triton's ONNX Runtime backend: each declared input (and the mask input, when the
 model takes one) must be a graph input, each declared output a graph output, with the same element type
 and a batch dim that can hold `max_batch_size` rows; otherwise the model is refused at load, naming the
-graph's real inputs and outputs. Execution providers: CUDA when the model's device is CUDA and
-`onnxruntime-gpu` provides it (refused at load when it does not), else CPU. The session gets the same
+graph's real inputs and outputs. Execution providers (`providers`): CUDA when the model's device is CUDA
+and `onnxruntime-gpu` provides it; without it, a `device: gpu` model (Triton's KIND_GPU) is refused, while
+an `auto` one runs on the CPU provider, with a warning, as Triton's KIND_AUTO falls back to the CPU (the
+answers are the same; only speed differs). The session gets the same
 intra-op thread budget as torch on this worker (`torch.get_num_threads()`, set by the executor) and runs
 its operators sequentially, so one worker does not spread over cores its neighbours use.
 
@@ -14,13 +16,16 @@ copies to the device): the executor's contract is torch tensors in and out (back
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from worker.model_config import ModelConfig
+from worker.model_config import DeviceKind, ModelConfig
+
+log = logging.getLogger(__name__)
 
 # Protocol datatype → ONNX Runtime's type string.
 _ORT_TYPES = {
@@ -55,7 +60,13 @@ class OnnxRuntimeBackend:
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self._session = ort.InferenceSession(str(artifact), options, providers=_providers(ort, device))
+        chosen = providers(ort.get_available_providers(), device, config.device)
+        if chosen == ["CPUExecutionProvider"] and torch.device(device).type == "cuda":
+            log.warning(
+                "model %s: onnxruntime has no CUDA provider here (install onnxruntime-gpu): on the CPU",
+                config.name,
+            )
+        self._session = ort.InferenceSession(str(artifact), options, providers=chosen)
         graph_inputs = {i.name: i for i in self._session.get_inputs()}
         graph_outputs = {o.name: o for o in self._session.get_outputs()}
         self.signature = "inputs {} -> outputs {}".format(
@@ -92,13 +103,16 @@ class OnnxRuntimeBackend:
                 )
 
 
-def _providers(ort: Any, device: str) -> list[Any]:
-    kind = torch.device(device)
-    if kind.type == "cpu":
+def providers(available: Sequence[str], device: str, kind: DeviceKind) -> list[Any]:
+    """ONNX Runtime providers for a model placed on `device` whose config asks for `kind`."""
+    placed = torch.device(device)
+    if placed.type == "cpu":
         return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise GraphMismatch(f"device {device}: install onnxruntime-gpu for ONNX models on CUDA")
-    return [("CUDAExecutionProvider", {"device_id": kind.index or 0}), "CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        return [("CUDAExecutionProvider", {"device_id": placed.index or 0}), "CPUExecutionProvider"]
+    if kind == "gpu":
+        raise GraphMismatch(f"device {device}: install onnxruntime-gpu for ONNX models on CUDA (device: gpu)")
+    return ["CPUExecutionProvider"]
 
 
 def _describe(node: Any) -> str:

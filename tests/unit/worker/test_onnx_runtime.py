@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 from tests.support.triton_repo import WIDTH_IN, WIDTH_OUT, small_mlp
 from tests.unit.worker.fakes import synthetic_config
 from worker.backends import load_backend
+from worker.backends.onnx_runtime import GraphMismatch, providers
 from worker.demo_onnx import mlp_onnx_bytes
 from worker.executor import ExecItem, Executor, LoadedModel
 from worker.repository import RepositoryError, scan_repository
@@ -115,3 +116,16 @@ def test_device_kind_against_the_workers_device(tmp_path: Path) -> None:
     _write(tmp_path, artifact, [_tensor("input", [WIDTH_IN])], [_tensor("output", [WIDTH_OUT])], device="gpu")
     with pytest.raises(RepositoryError, match=r"needs a CUDA worker, this one has cpu"):
         load_backend(scan_repository(tmp_path)[0], "cpu")
+
+
+def test_providers_follow_the_device_and_fall_back_only_for_auto() -> None:
+    cpu_only = ["CPUExecutionProvider"]
+    both = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert providers(both, "cpu", "auto") == ["CPUExecutionProvider"]
+    assert providers(both, "cuda:1", "gpu") == [
+        ("CUDAExecutionProvider", {"device_id": 1}),
+        "CPUExecutionProvider",
+    ]
+    assert providers(cpu_only, "cuda:0", "auto") == ["CPUExecutionProvider"]  # Triton's KIND_AUTO fallback
+    with pytest.raises(GraphMismatch, match="install onnxruntime-gpu"):
+        providers(cpu_only, "cuda:0", "gpu")
