@@ -57,6 +57,8 @@ for i, (model, version, rows) in enumerate(cases):
     found["metadata"][f"{i}"] = result.get_response().model_version
 tensor = tc.InferInput("input", [1, 16], "FP32")
 tensor.set_data_from_numpy(np.zeros((1, 16), np.float32))
+answers = [client.infer("onnx_mlp", [tensor]).get_response() for _ in range(2)]
+found["cache"] = [a.parameters["sluice_cache"].string_param for a in answers]
 try:
     client.infer("onnx_mlp", [tensor], model_version="1")
 except InferenceServerException as exc:
@@ -88,6 +90,8 @@ def test_triton_client_gets_what_the_artifacts_answer_in_process(
     assert found["metadata"]["peer_mlp"] == [["INPUT__0", "FP32", [-1, 16]], ["OUTPUT__0", "FP32", [-1, 4]]]
     # version_policy latest 1 of {1, 2, 3}: only version 3 is served, and it answers "latest".
     assert found["errors"] == {"onnx_mlp v1": "StatusCode.NOT_FOUND"}
+    # response_cache { enable: true }: the second identical request is answered from the router's cache.
+    assert found["cache"] == ["miss", "hit"]
     for i, (model, version, rows) in enumerate(CASES):
         served = version or "3"
         assert found["metadata"][str(i)] == served
