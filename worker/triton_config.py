@@ -161,21 +161,27 @@ def _triton_names(error: str) -> str:
 
 def _refuse_unservable(message: pb.ModelConfig, source: Path) -> None:
     """ModelConfigError for the first setting whose absence would change the answers clients get."""
-    refusals = [
-        ("max_batch_size", message.max_batch_size <= 0, "0 (the model takes no batch dim) is not supported: "
-         "Sluice batches along a first dim; set max_batch_size >= 1 if the model's first dim is the batch"),
-        ("sequence_batching", message.HasField("sequence_batching"), "stateful sequences are not served"),
-        ("ensemble_scheduling", message.HasField("ensemble_scheduling"), "ensembles are not served"),
-        ("batch_input", len(message.batch_input) > 0, "ragged batch inputs are not supported"),
-        ("batch_output", len(message.batch_output) > 0, "ragged batch outputs are not supported"),
-        ("model_transaction_policy.decoupled", message.model_transaction_policy.decoupled,
-         "decoupled models (any number of responses per request) are not served"),
-        ("runtime", bool(message.runtime), f"{message.runtime!r}: only model.pt and model.onnx artifacts are "
-         "served (no custom runtimes)"),
-    ]  # fmt: skip
-    for key, refused, why in refusals:
-        if refused:
+    present = _set_fields(message)
+    for key, why in _REFUSED_SECTIONS.values():
+        if key in present:
             raise ModelConfigError(why, path=source, key=key)
+    if message.max_batch_size <= 0:
+        why = (
+            f"{message.max_batch_size} is not supported (0: the model takes no batch dim): Sluice batches "
+            "along a first dim; set max_batch_size >= 1 if the model's first dim is the batch"
+        )
+        raise ModelConfigError(why, path=source, key="max_batch_size")
+    if message.model_transaction_policy.decoupled:
+        why = "decoupled models (any number of responses per request) are not served"
+        raise ModelConfigError(why, path=source, key="model_transaction_policy.decoupled")
+    if message.runtime:
+        why = f"{message.runtime!r}: only model.pt and model.onnx artifacts are served (no custom runtimes)"
+        raise ModelConfigError(why, path=source, key="runtime")
+
+
+def _set_fields(message: pb.ModelConfig) -> set[str]:
+    """Names of the top-level fields the file sets (a present message, a non-empty list or map)."""
+    return {field.name for field, _ in message.ListFields()}
 
 
 def _backend(message: pb.ModelConfig, source: Path) -> str:
@@ -308,17 +314,8 @@ def _device(message: pb.ModelConfig, warnings: list[str], source: Path) -> Devic
 
 def _unapplied(message: pb.ModelConfig) -> list[str]:
     """A warning for each set field that changes no answer and that Sluice does not apply."""
-    present = {
-        "optimization": message.HasField("optimization"),
-        "model_warmup": len(message.model_warmup) > 0,
-        "parameters": len(message.parameters) > 0,
-        "model_operations": message.HasField("model_operations"),
-        "model_repository_agents": message.HasField("model_repository_agents"),
-        "model_metrics": message.HasField("model_metrics"),
-        "metric_tags": len(message.metric_tags) > 0,
-        "cc_model_filenames": len(message.cc_model_filenames) > 0,
-    }
-    found = [f"{name}: {_NOT_APPLIED[name]}" for name, is_set in present.items() if is_set]
+    present = _set_fields(message)
+    found = [f"{name}: {why}" for name, why in _NOT_APPLIED.items() if name in present]
     formats = [t.name for t in message.input if t.format != pb.ModelInput.FORMAT_NONE]
     if formats:
         found.append(f"input format on {formats}: informational only, not applied")

@@ -50,4 +50,4 @@ def test_a_config_that_does_not_fit_its_model_fails_the_check(tmp_path: Path) ->
     config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0"))
     run = check(repository, "--no-load")
     assert run.returncode == 1
-    assert f"{config}: max_batch_size: 0" in run.stderr
+    assert f"{config}: max_batch_size: 0 is not supported" in run.stderr

@@ -127,7 +127,7 @@ def test_what_would_change_answers_refuses_the_model(extra: str, named: str) -> 
     [
         (
             BASE.replace("max_batch_size: 16", "max_batch_size: 0"),
-            "max_batch_size: 0 (the model takes no batch dim)",
+            "max_batch_size: 0 is not supported (0: the model takes no batch dim)",
         ),
         (BASE.replace('"pytorch_libtorch"', '"tensorrt_plan"'), "platform: 'tensorrt_plan' is not served"),
         (BASE.replace('platform: "pytorch_libtorch"', ""), "give platform or backend"),
