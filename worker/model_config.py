@@ -1,4 +1,5 @@
-"""The typed form of `models/<name>/config.yaml` (DESIGN §7).
+"""The typed form of `models/<name>/config.yaml` (DESIGN §7), and of a Triton `config.pbtxt` once
+worker/triton_config.py has translated it: both formats are served from this one model.
 
 Rules: unknown keys are errors (a typo must not silently fall back to a default); every rule that spans
 fields lives here, so a config that loads is one the repository, backends and executor can use without
@@ -201,7 +202,8 @@ class SyntheticConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """`models/<name>/config.yaml`: what a model takes and returns, and how it is batched and served."""
+    """`models/<name>/config.yaml` (or a translated config.pbtxt): what a model takes and returns, and how
+    it is batched and served."""
 
     name: str
     """Model name; must equal the folder name."""
