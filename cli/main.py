@@ -20,6 +20,9 @@ from common.config import ConfigError, SluiceConfig, load_config
 from common.logs import configure_logging
 
 EXIT_BAD_ARGS = 1
+# What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
+# `sluice models init` need torch.
+_EXTRAS = {"torch": "worker", "onnx": "onnx", "onnxruntime": "onnx"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,6 +143,15 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
+    check = models_sub.add_parser(
+        "check",
+        help="validate a repository offline (config.yaml and Triton config.pbtxt) and print what each model "
+        "will be served as; exit 1 on any problem",
+    )
+    check.add_argument("repository", type=Path, metavar="DIR", help="the model repository")
+    check.add_argument(
+        "--no-load", action="store_true", help="check configs and layout only, without loading artifacts"
+    )
     add_bench_parser(sub)
     add_sim_parser(sub)
     add_admin_parsers(sub, _add_etcd_flags, _Parser)
@@ -186,6 +198,10 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     """Commands that need no cluster configuration; None for the others."""
     from cli import commands
 
+    if args.command == "models" and args.models_command == "check":
+        from cli.models_check import check_repository
+
+        return check_repository(args.repository, load=not args.no_load)
     if args.command == "models":
         return commands.models_init(args.repository)
     if args.command == "keys":
@@ -241,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.command, as_json=args.log_format == "json")
     try:
         return _run(args)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"sluice {args.command}: needs {exc.name}: pip install 'sluice-inference[{extra}]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_ARGS
     except ConfigError as exc:
         print(f"sluice: configuration error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS

@@ -5,6 +5,9 @@
   declares its token ids' range (the vocabulary), so an out-of-vocabulary id never reaches the forward.
 - `synthetic`: SIMULATED GPU-like latency t(b) = 5 ms + 0.5 ms·b, deterministic output, for scheduling
   benchmarks; no real model behind it.
+- `mlp_onnx`: the same MLP (same weights) as an ONNX graph served by ONNX Runtime, configured with a Triton
+  `config.pbtxt` beside the others' `config.yaml`; written only when the `onnx` package is installed
+  (the `onnx` extra), since a worker could not serve it without onnxruntime anyway.
 
 Idempotent: running `init_demo_repository` twice writes byte-identical files (configs, and `.pt2` archives:
 torch.export serialises deterministically given the same weights and archive name; we save through a
@@ -18,6 +21,7 @@ keyword arguments so the program is called by config input name.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 from pathlib import Path
@@ -76,6 +80,19 @@ SYNTHETIC_CONFIG: dict[str, Any] = {
 }
 
 
+MLP_ONNX_NAME = "mlp_onnx"
+MLP_ONNX_CONFIG = f"""# Demo model {MLP_ONNX_NAME!r}, written by `sluice models init`: the demo MLP weights as
+# an ONNX graph. A Triton config.pbtxt, served unchanged (docs/models.md); edits are overwritten.
+name: "{MLP_ONNX_NAME}"
+platform: "onnxruntime_onnx"
+max_batch_size: {MLP_CONFIG["max_batch_size"]}
+input [ {{ name: "input", data_type: TYPE_FP32, dims: [ 256 ] }} ]
+output [ {{ name: "output", data_type: TYPE_FP32, dims: [ 10 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 2000 }}
+response_cache {{ enable: true }}
+"""
+
+
 class MaskedMeanEncoder(nn.Module):
     """Token embedding → linear → tanh, then the mean over positions where `mask` is 1.
 
@@ -95,7 +112,7 @@ class MaskedMeanEncoder(nn.Module):
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
-def build_mlp() -> nn.Module:
+def build_mlp() -> nn.Sequential:
     """The demo MLP with its fixed-seed weights, in eval mode."""
     torch.manual_seed(MLP_SEED)
     layers = [nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)]
@@ -125,7 +142,8 @@ def export_encoder(max_batch_size: int, max_length: int) -> torch.export.Exporte
 
 
 def init_demo_repository(root: Path) -> list[Path]:
-    """Write the three demo models under `root` (created if needed); returns their model folders."""
+    """Write the demo models under `root` (created if needed); returns their model folders (`mlp_onnx`
+    only when the `onnx` package is installed: see `onnx_demo_available`)."""
     folders = []
     for config in (MLP_CONFIG, ENCODER_CONFIG, SYNTHETIC_CONFIG):
         parsed = ModelConfig.model_validate(config)  # a typo here should fail now, not at worker start
@@ -138,7 +156,24 @@ def init_demo_repository(root: Path) -> list[Path]:
             torch.export.save(program, buffer)
             _write_atomic(folder / "1" / "model.pt2", buffer.getvalue())
         folders.append(folder)
+    if onnx_demo_available():
+        folders.append(_write_mlp_onnx(root))
     return folders
+
+
+def onnx_demo_available() -> bool:
+    """Whether `mlp_onnx` can be written here (the `onnx` package builds it)."""
+    return importlib.util.find_spec("onnx") is not None
+
+
+def _write_mlp_onnx(root: Path) -> Path:
+    from worker.demo_onnx import mlp_onnx_bytes
+
+    folder = root / MLP_ONNX_NAME
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    _write_atomic(folder / "config.pbtxt", MLP_ONNX_CONFIG.encode())
+    _write_atomic(folder / "1" / "model.onnx", mlp_onnx_bytes(build_mlp()))
+    return folder
 
 
 def _export(config: ModelConfig) -> torch.export.ExportedProgram | None:

@@ -150,7 +150,13 @@ class WorkerProcess:
 
     def _load_models(self) -> None:
         settings = self.config.worker
+        warned: set[str] = set()
         for spec in scan_repository(settings.repository, settings.models):
+            if spec.warnings and spec.name not in warned:
+                warned.add(spec.name)
+                log.warning(
+                    "model %s (%s): not applied: %s", spec.name, spec.config_path, "; ".join(spec.warnings)
+                )
             model = LoadedModel(spec, load_backend(spec, settings.device, settings.synthetic_slowdown))
             self.executor.warm_up(model)
             self.warmup_s[(spec.name, spec.version)] = self._time_warm_batches(model)

@@ -1,4 +1,5 @@
-"""The typed form of `models/<name>/config.yaml` (DESIGN §7).
+"""The typed form of `models/<name>/config.yaml` (DESIGN §7), and of a Triton `config.pbtxt` once
+worker/triton_config.py has translated it: both formats are served from this one model.
 
 Rules: unknown keys are errors (a typo must not silently fall back to a default); every rule that spans
 fields lives here, so a config that loads is one the repository, backends and executor can use without
@@ -9,6 +10,7 @@ include the batch dimension; -1 marks a variable dim.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +25,8 @@ from common.tensors import DATATYPES
 INTEGER_DATATYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 """The datatypes a `range` may be declared for."""
 
-BackendName = Literal["torch_export", "torchscript", "synthetic"]
+BackendName = Literal["torch_export", "torchscript", "onnxruntime", "synthetic"]
+DeviceKind = Literal["auto", "cpu", "gpu"]
 
 # Names end up in etcd keys, cache keys and metric labels: keep them to a filesystem- and URL-safe set.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -52,7 +55,8 @@ class TensorConfig(_Strict):
     """One input or output of the model as clients see it."""
 
     name: str = Field(min_length=1)
-    """Tensor name; also the keyword the backend's forward is called with (inputs)."""
+    """Tensor name. TorchScript: `<any>__<i>` names (Triton's `INPUT__0`, `OUTPUT__0`) bind by position i,
+    other names by keyword; ONNX: the graph's input/output name (worker/backends/)."""
     datatype: str
     """Protocol datatype (FP32, INT64, ...; see common.tensors.DATATYPES)."""
     dims: tuple[int, ...]
@@ -62,6 +66,10 @@ class TensorConfig(_Strict):
     ids: `[0, vocab - 1]`). Values outside are the client's mistake (INVALID_ARGUMENT), caught before the
     forward: on CUDA an out-of-range embedding index is a sticky device-side assert that breaks the device
     for every later batch. Published in the worker's registration so routers check it first."""
+    reshape: tuple[int, ...] | None = None
+    """The per-row shape the model itself takes or returns when it differs from `dims` (Triton's
+    `reshape`): the worker reshapes each batch between the two. At most one -1 on each side, and with
+    fixed dims both sides must hold the same number of elements."""
 
     @field_validator("datatype")
     @classmethod
@@ -89,6 +97,23 @@ class TensorConfig(_Strict):
         info = np.iinfo(DATATYPES[self.datatype])
         if lo < info.min or hi > info.max:
             raise _key_error("range", f"[{lo}, {hi}] exceeds {self.datatype} ({info.min}..{info.max})")
+        return self
+
+    @model_validator(mode="after")
+    def _reshape_compatible(self) -> TensorConfig:
+        if self.reshape is None:
+            return self
+        if any(d != -1 and d < 1 for d in self.reshape):
+            raise _key_error("reshape", f"{list(self.reshape)}: each dim is -1 (variable) or >= 1")
+        if self.dims.count(-1) > 1 or self.reshape.count(-1) > 1:
+            raise _key_error("reshape", "supported only with at most one variable (-1) dim on each side")
+        if (-1 in self.dims) != (-1 in self.reshape):
+            raise _key_error(
+                "reshape", f"{list(self.reshape)} and dims {list(self.dims)}: both or neither variable"
+            )
+        if -1 not in self.dims and math.prod(self.dims) != math.prod(self.reshape):
+            message = f"{list(self.reshape)} holds {math.prod(self.reshape)} elements, dims {list(self.dims)}"
+            raise _key_error("reshape", f"{message} hold {math.prod(self.dims)}")
         return self
 
     @property
@@ -177,14 +202,22 @@ class SyntheticConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """`models/<name>/config.yaml`: what a model takes and returns, and how it is batched and served."""
+    """`models/<name>/config.yaml` (or a translated config.pbtxt): what a model takes and returns, and how
+    it is batched and served."""
 
     name: str
     """Model name; must equal the folder name."""
     description: str = ""
     """Free text for humans (ModelMetadata, dashboards)."""
     backend: BackendName
-    """torch_export (model.pt2), torchscript (model.pt, deprecated by PyTorch) or synthetic (simulated)."""
+    """torch_export (model.pt2), torchscript (model.pt, deprecated by PyTorch), onnxruntime (model.onnx)
+    or synthetic (simulated)."""
+    filename: str | None = None
+    """The artifact's file name inside each version folder (Triton's `default_model_filename`); default:
+    model.pt2, model.pt or model.onnx by backend."""
+    device: DeviceKind = "auto"
+    """Where the model runs (Triton's `instance_group.kind`): auto, the worker's device; cpu, always the
+    CPU (also on a GPU worker); gpu, only on a worker whose device is CUDA (a CPU worker refuses it)."""
     inputs: tuple[TensorConfig, ...] = Field(min_length=1)
     """Inputs as clients send them (backend-only inputs such as the mask are not listed)."""
     outputs: tuple[TensorConfig, ...] = Field(min_length=1)
@@ -213,6 +246,13 @@ class ModelConfig(_Strict):
             raise ValueError(f"{value!r}: use letters, digits, '_', '.', '-' (not first)")
         return value
 
+    @field_validator("filename")
+    @classmethod
+    def _plain_filename(cls, value: str | None) -> str | None:
+        if value is not None and (not _NAME.match(value) or value in (".", "..")):
+            raise ValueError(f"{value!r}: a plain file name (letters, digits, '_', '.', '-')")
+        return value
+
     @field_validator("inputs", "outputs")
     @classmethod
     def _unique_names(cls, value: tuple[TensorConfig, ...]) -> tuple[TensorConfig, ...]:
@@ -225,6 +265,8 @@ class ModelConfig(_Strict):
     def _cross_field_rules(self) -> ModelConfig:
         if (self.backend == "synthetic") != (self.synthetic is not None):
             raise _key_error("synthetic", "required when backend is synthetic, forbidden otherwise")
+        if self.backend == "synthetic" and self.filename is not None:
+            raise _key_error("filename", "a synthetic model has no artifact")
         if self.backend == "synthetic" and any(t.is_variable for t in self.outputs):
             raise _key_error("outputs", "the synthetic backend needs fixed output dims (no -1)")
         if self.cache == "enabled" and not self.deterministic:
@@ -241,6 +283,8 @@ class ModelConfig(_Strict):
         for name in self.batching.buckets:
             if name not in by_name or not by_name[name].is_variable:
                 raise _key_error("batching.buckets", f"{name!r} is not an input with a variable dim")
+            if by_name[name].reshape is not None:
+                raise _key_error("batching.buckets", f"{name!r} has a reshape: bucketed inputs cannot")
         mask = self.batching.mask_input
         if mask is not None:
             if mask in by_name:
@@ -289,7 +333,7 @@ class ModelConfig(_Strict):
         try:
             config = cls.model_validate(data)
         except ValidationError as exc:
-            key, message = _first_error(exc)
+            key, message = first_error(exc)
             raise ModelConfigError(message, path=source, key=key) from None
         folder = source.parent.name
         if config.name != folder:
@@ -307,7 +351,7 @@ class ModelConfig(_Strict):
         return cls.from_yaml(raw, source=path)
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
+def first_error(exc: ValidationError) -> tuple[str, str]:
     """(dotted key, message) of the first validation error; the message mentions how many more there are."""
     errors = exc.errors()
     first = errors[0]

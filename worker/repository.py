@@ -1,7 +1,9 @@
 """The model repository on disk: which model versions this worker serves, and their digests.
 
-Layout (DESIGN §7): `<root>/<name>/config.yaml` plus numeric version folders `<root>/<name>/<version>/`
-holding `model.pt2` (torch_export) or `model.pt` (torchscript); synthetic versions need only the folder.
+Layout (DESIGN §7): `<root>/<name>/config.yaml` (Sluice's format) or `<root>/<name>/config.pbtxt` (Triton's,
+translated by worker/triton_config.py), never both, plus numeric version folders `<root>/<name>/<version>/`
+holding `model.pt2` (torch_export), `model.pt` (torchscript) or `model.onnx` (onnxruntime), or the config's
+`filename`; synthetic versions need only the folder. Both formats may sit side by side in one repository.
 Version folders are positive integers written without leading zeros; other folders and hidden entries are
 ignored. Invariants: a returned spec's config is valid and its artifact existed when scanned; the digest
 covers exactly the config bytes that were parsed and the artifact bytes, so two workers agree on a digest
@@ -19,9 +21,14 @@ from pathlib import Path
 
 from common.records import ModelRecord, TensorSpec
 from worker.model_config import ModelConfig, ModelConfigError, TensorConfig
+from worker.triton_config import TRITON_CONFIG_FILE, parse_triton_config
 
 CONFIG_FILE = "config.yaml"
-ARTIFACT_FILES: dict[str, str] = {"torch_export": "model.pt2", "torchscript": "model.pt"}
+ARTIFACT_FILES: dict[str, str] = {
+    "torch_export": "model.pt2",
+    "torchscript": "model.pt",
+    "onnxruntime": "model.onnx",
+}
 _VERSION = re.compile(r"^[1-9][0-9]*$")
 # Bumped if the digest's construction ever changes, so old and new digests can never collide.
 _DIGEST_DOMAIN = b"sluice-model-digest-v1\x00"
@@ -40,6 +47,10 @@ class ModelVersionSpec:
     config: ModelConfig
     artifact: Path | None
     digest: str
+    warnings: tuple[str, ...] = ()
+    """What of a config.pbtxt Sluice does not apply (logged once when the model loads)."""
+    config_path: Path | None = None
+    """The config file the model was read from."""
 
     def record(self) -> ModelRecord:
         """What the worker publishes in etcd for this version once it is loaded and warm."""
@@ -98,12 +109,23 @@ def scan_repository(root: Path, only: Sequence[str] = ()) -> list[ModelVersionSp
     return specs
 
 
+def _read_config(folder: Path) -> tuple[Path, bytes, ModelConfig, tuple[str, ...]]:
+    """(config path, its bytes, the config, warnings) from whichever of the two formats the folder has."""
+    yaml_path, triton_path = folder / CONFIG_FILE, folder / TRITON_CONFIG_FILE
+    if yaml_path.is_file() and triton_path.is_file():
+        raise RepositoryError(f"both {CONFIG_FILE} and {TRITON_CONFIG_FILE}: keep one", path=folder)
+    if yaml_path.is_file():
+        raw = yaml_path.read_bytes()
+        return yaml_path, raw, ModelConfig.from_yaml(raw, source=yaml_path), ()
+    if triton_path.is_file():
+        raw = triton_path.read_bytes()
+        translated = parse_triton_config(raw, source=triton_path)
+        return triton_path, raw, translated.config, translated.warnings
+    raise RepositoryError(f"missing {CONFIG_FILE} (or Triton's {TRITON_CONFIG_FILE})", path=folder)
+
+
 def _scan_model(folder: Path) -> list[ModelVersionSpec]:
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise RepositoryError(f"missing {CONFIG_FILE}", path=folder)
-    raw = config_path.read_bytes()
-    config = ModelConfig.from_yaml(raw, source=config_path)
+    config_path, raw, config, warnings = _read_config(folder)
     available = [int(p.name) for p in folder.iterdir() if p.is_dir() and _VERSION.match(p.name)]
     if not available:
         raise RepositoryError("no numeric version folders (e.g. 1/)", path=folder)
@@ -121,15 +143,17 @@ def _scan_model(folder: Path) -> list[ModelVersionSpec]:
                 config=config,
                 artifact=artifact,
                 digest=model_digest(raw, artifact),
+                warnings=warnings,
+                config_path=config_path,
             )
         )
     return specs
 
 
 def _artifact(version_folder: Path, config: ModelConfig) -> Path | None:
-    filename = ARTIFACT_FILES.get(config.backend)
-    if filename is None:  # synthetic: simulated, nothing to load
+    if config.backend == "synthetic":  # simulated, nothing to load
         return None
+    filename = config.filename or ARTIFACT_FILES[config.backend]
     artifact = version_folder / filename
     if not artifact.is_file():
         raise RepositoryError(f"missing {filename} for backend {config.backend}", path=artifact)

@@ -1,5 +1,5 @@
-"""deploy/docker/Dockerfile builds what the manifests run: every package, the pinned torch, as the user
-and on the ports the pods expect.
+"""deploy/docker/Dockerfile builds what the manifests run: a worker image with every package and the pinned
+torch, a router image without torch, both as the user and on the ports the pods expect.
 
 Why: no Docker engine runs here, so `docker build` cannot be tried. What can go wrong without one being
 noticed is a drift between the Dockerfile and the rest of the repository (a new package not copied, a
@@ -31,14 +31,22 @@ def _instructions() -> list[tuple[str, str]]:
     ]
 
 
-def _stages() -> list[list[tuple[str, str]]]:
-    stages: list[list[tuple[str, str]]] = []
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions per stage name (`FROM ... AS name`), in order."""
+    stages: dict[str, list[tuple[str, str]]] = {}
     for keyword, rest in _instructions():
         if keyword == "FROM":
-            stages.append([])
+            stages[rest.split()[-1]] = []
         if stages:
-            stages[-1].append((keyword, rest))
+            stages[next(reversed(stages))].append((keyword, rest))
     return stages
+
+
+def _effective(name: str) -> list[tuple[str, str]]:
+    """A stage's instructions after those of the stages it is built FROM (what the image inherits)."""
+    stages = _stages()
+    base = stages[name][0][1].split()[0]
+    return (_effective(base) if base in stages else []) + stages[name]
 
 
 def _pyproject() -> dict[str, object]:
@@ -47,27 +55,42 @@ def _pyproject() -> dict[str, object]:
 
 def test_multi_stage_build_runs_sluice_as_a_non_root_user() -> None:
     stages = _stages()
-    assert len(stages) >= 2
-    bases = {rest.split()[0] for stage in stages for keyword, rest in stage if keyword == "FROM"}
-    assert bases == {"${PYTHON_IMAGE}"}, "the venv copied between stages needs the same Python"
-    final = dict(stages[-1])
-    user, _, group = final["USER"].partition(":")
-    assert user.isdigit() and int(user) > 0 and group.isdigit()
-    assert json.loads(final["ENTRYPOINT"]) == ["sluice"]
+    assert list(stages)[-1] == "worker", "the default target (last stage) is the worker image"
+    bases = {rest.split()[0] for stage in stages.values() for keyword, rest in stage if keyword == "FROM"}
+    assert bases - set(stages) == {"${PYTHON_IMAGE}"}, "the venv copied between stages needs the same Python"
     scripts = _pyproject()["project"]
     assert isinstance(scripts, dict) and "sluice" in scripts["scripts"]
-    assert any(rest.startswith("--from=build") for keyword, rest in stages[-1] if keyword == "COPY")
+    for image, venv_from in (("worker", "build-worker"), ("router", "build")):
+        final = dict(_effective(image))
+        user, _, group = final["USER"].partition(":")
+        assert user.isdigit() and int(user) > 0 and group.isdigit()
+        assert json.loads(final["ENTRYPOINT"]) == ["sluice"]
+        assert ("COPY", f"--from={venv_from} /opt/sluice /opt/sluice") in stages[image]
+
+
+def _args(stage: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(rest.split("=", 1) for keyword, rest in stage if keyword == "ARG" and "=" in rest)
 
 
 def test_torch_comes_from_a_chosen_index_at_the_pinned_version() -> None:
-    build = _stages()[0]
-    args = dict(rest.split("=", 1) for keyword, rest in build if keyword == "ARG" and "=" in rest)
+    worker = _stages()["build-worker"]
+    args = _args(worker)
     assert "TORCH_INDEX_URL" in args
     pin = re.search(r"^torch==(\S+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE)
     assert pin and args["TORCH_VERSION"] == pin.group(1)
-    runs = [rest for keyword, rest in build if keyword == "RUN"]
+    runs = [rest for keyword, rest in worker if keyword == "RUN"]
     assert any('--index-url "${TORCH_INDEX_URL}"' in r and "torch==${TORCH_VERSION}" in r for r in runs)
-    assert any("-c constraints.txt" in r for r in runs)
+    assert any('-c constraints.txt ".[worker,onnx]"' in r for r in runs)
+
+
+def test_the_router_image_is_the_slim_install_without_torch() -> None:
+    build = _stages()["build"]
+    runs = [rest for keyword, rest in build if keyword == "RUN"]
+    assert any("pip install -c constraints.txt . " in r for r in runs), "no extras: no torch"
+    assert not any("torch" in rest.lower() for _, rest in build)
+    extras = _pyproject()["project"]
+    assert isinstance(extras, dict)
+    assert not any(d.startswith("torch") for d in extras["dependencies"]), "torch is the worker extra's"
 
 
 def _copied() -> set[str]:
@@ -98,15 +121,16 @@ def test_every_package_is_copied_and_none_is_ignored() -> None:
 
 
 def test_image_matches_what_the_pods_expect(overlays: dict[str, Rendered]) -> None:
-    final = _stages()[-1]
-    exposed = {int(p) for keyword, rest in final if keyword == "EXPOSE" for p in rest.split()}
-    uid = int(dict(final)["USER"].partition(":")[0])
-    for overlay in OVERLAYS:
-        for workload in overlays[overlay].workloads():
-            spec = pod_spec(workload)
-            for container in containers(spec):
-                if not is_sluice(container):
-                    continue
-                ports = {p["containerPort"] for p in container.get("ports", [])}
-                assert ports <= exposed, f"{overlay} {container['name']}: {ports - exposed} not EXPOSEd"
-                assert spec["securityContext"]["runAsUser"] == uid
+    for image in ("router", "worker"):
+        final = _effective(image)
+        exposed = {int(p) for keyword, rest in final if keyword == "EXPOSE" for p in rest.split()}
+        uid = int(dict(final)["USER"].partition(":")[0])
+        for overlay in OVERLAYS:
+            for workload in overlays[overlay].workloads():
+                spec = pod_spec(workload)
+                for container in containers(spec):
+                    if not is_sluice(container):
+                        continue
+                    ports = {p["containerPort"] for p in container.get("ports", [])}
+                    assert ports <= exposed, f"{overlay} {container['name']}: {ports - exposed} not EXPOSEd"
+                    assert spec["securityContext"]["runAsUser"] == uid

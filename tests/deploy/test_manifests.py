@@ -1,7 +1,7 @@
 """deploy/ renders, passes the Kubernetes schemas, and its objects agree with each other and with Sluice.
 
 Why: nothing here runs a cluster, so every promise the manifests make (a probe that calls a real command,
-a grace period longer than the drain, a Service that reaches its pods, one image everywhere) is checked by
+a grace period longer than the drain, a Service that reaches its pods, one image per role) is checked by
 reading the rendered objects. Each overlay is rendered by the real kustomize in kubectl (see rendering.py);
 each check also has a negative case, so a checker that silently accepts everything fails too.
 """
@@ -364,15 +364,22 @@ def test_prod_runs_gpu_workers(overlays: dict[str, Rendered], overlay: str, tmp_
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_one_namespace_and_one_pinned_image(overlays: dict[str, Rendered], overlay: str) -> None:
+def test_one_namespace_and_one_pinned_image_per_role(overlays: dict[str, Rendered], overlay: str) -> None:
     rendered = overlays[overlay]
     for obj in rendered.objects:
         if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"].get("namespace") == NAMESPACE, ref(obj)
-    images = {c["image"] for w in rendered.workloads() for c in containers(pod_spec(w)) if is_sluice(c)}
-    assert len(images) == 1, images
-    (image,) = images
-    assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest")
+    images: dict[bool, set[str]] = {True: set(), False: set()}
+    for w in rendered.workloads():
+        for c in containers(pod_spec(w)):
+            if is_sluice(c):
+                images[c["name"] == "router"].add(c["image"])
+    # Routers run the slim image (no torch), everything else the worker image: one pinned tag each.
+    assert len(images[True]) == 1 and len(images[False]) == 1, images
+    (router,), (worker,) = images[True], images[False]
+    assert router.endswith("-router") and not worker.endswith("-router")
+    for image in (router, worker):
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest")
 
 
 def test_exec_commands_split_shell_scripts() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -44,18 +45,18 @@ class Cluster:
         return find_pids(f"127.0.0.1:{self.etcd_port}")
 
 
-@pytest.fixture(scope="module")
-def cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """`sluice up` with two workers on the demo models; stopped with SIGINT (Ctrl-C) at teardown."""
-    log_dir = tmp_path_factory.mktemp("cluster-logs")
+@contextlib.contextmanager
+def local_cluster(repository: Path, log_dir: Path, *extra: str) -> Iterator[Cluster]:
+    """`sluice up` on `repository` (two workers unless `extra` says otherwise) until the block ends; then
+    stopped with SIGINT (Ctrl-C), which must leave no process behind."""
     port, metrics_port, etcd_port = free_port(), free_port(), free_port()
     argv = [
-        sys.executable, "-m", "cli", "up", "--repository", str(demo_repo), "--port", str(port),
-        "--metrics-port", str(metrics_port), "--etcd-port", str(etcd_port), "--log-dir", str(log_dir),
+        sys.executable, "-m", "cli", "up", "--repository", str(repository), "--port", str(port),
+        "--metrics-port", str(metrics_port), "--etcd-port", str(etcd_port), "--log-dir", str(log_dir), *extra,
     ]  # fmt: skip
     with (log_dir / "up.log").open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    cluster = Cluster(process, port, metrics_port, etcd_port, demo_repo, log_dir)
+    cluster = Cluster(process, port, metrics_port, etcd_port, repository, log_dir)
     try:
         wait_until(
             lambda: b"Sluice is up" in (log_dir / "up.log").read_bytes() or process.poll() is not None,
@@ -66,6 +67,13 @@ def cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield cluster
     finally:
         interrupt(process, etcd_port, log_dir / "up.log")
+
+
+@pytest.fixture(scope="module")
+def cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """`sluice up` with two workers on the demo models; stopped with SIGINT (Ctrl-C) at teardown."""
+    with local_cluster(demo_repo, tmp_path_factory.mktemp("cluster-logs")) as running:
+        yield running
 
 
 def interrupt(process: subprocess.Popen[bytes], etcd_port: int, log: Path) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.loadgen import run_scenario
 from bench.loadgen_ceiling import measure_ceiling
@@ -17,11 +18,15 @@ from bench.loadgen_scenario import parse_scenario
 from bench.loadgen_sink import SinkServer, SinkServicer
 from cli.bench_cmd import add_bench_parser, run_bench
 from cli.main import _Parser
+from common.config import load_config
 from common.local_cluster import free_port
+from router.policy.tenants import hash_api_key
+from tests.integration.conftest import MakeRouter
 
 pytestmark = pytest.mark.integration
 
 REJECT_EVERY = 7
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -111,3 +116,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(prog="sluice")
     add_bench_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
     return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("scenario", ["steady.yaml", "overload.yaml"])
+async def test_a_scenario_whose_keys_the_cluster_lacks_names_the_config_to_start_it_with(
+    make_router: MakeRouter, scenario: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A router as `make run` starts it: no tenants configured, so key-less local mode.
+    router = await make_router()
+    path = REPO / "bench" / "scenarios" / scenario
+    args = _parse(["bench", str(path), "--target", f"127.0.0.1:{router.port}", "--duration", "0.1"])
+    assert await asyncio.to_thread(run_bench, args) == 3
+    error = capsys.readouterr().err
+    config = REPO / "bench" / "scenarios" / "cluster-tenants.yaml"
+    assert "UNAUTHENTICATED" in error
+    assert "the target does not know class 'gold''s tenant_key 'gold-key'" in error
+    assert f"sluice up --config {config}" in error
+    # And that config does know the scenario's keys.
+    tenants = load_config(config).tenants
+    keys = {c["tenant_key"] for c in yaml.safe_load(path.read_text())["classes"]}
+    assert {hash_api_key(k) for k in keys} <= {h for t in tenants.values() for h in t.api_keys}

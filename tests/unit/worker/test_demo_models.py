@@ -27,9 +27,10 @@ def test_init_creates_loadable_models(demo_repo: Path, demo_models: dict[str, Lo
     assert [(s.name, s.version, s.config.backend) for s in specs] == [
         ("encoder", "1", "torch_export"),
         ("mlp", "1", "torch_export"),
+        ("mlp_onnx", "1", "onnxruntime"),
         ("synthetic", "1", "synthetic"),
     ]
-    assert set(demo_models) == {"encoder", "mlp", "synthetic"}
+    assert set(demo_models) == {"encoder", "mlp", "mlp_onnx", "synthetic"}
     mlp = demo_models["mlp"].spec.config
     assert (mlp.max_batch_size, mlp.deterministic, mlp.cache) == (64, True, "enabled")
     assert "SIMULATED" in (demo_repo / "synthetic" / "config.yaml").read_text()
@@ -79,7 +80,25 @@ def test_executor_serves_demo_mlp_like_eager(executor: Executor, demo_models: di
 def test_init_is_reproducible(demo_repo: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
     folders = init_demo_repository(again)
-    assert folders == [again / "mlp", again / "encoder", again / "synthetic"]
+    assert folders == [again / "mlp", again / "encoder", again / "synthetic", again / "mlp_onnx"]
     assert file_hashes(again) == file_hashes(demo_repo)  # byte-identical, .pt2 archives included
     init_demo_repository(again)  # overwriting in place changes nothing either
     assert file_hashes(again) == file_hashes(demo_repo)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_onnx_mlp_answers_as_the_torch_mlp(
+    executor: Executor, demo_models: dict[str, LoadedModel], batch: int
+) -> None:
+    x = np.random.default_rng(batch).standard_normal((batch, 256)).astype(np.float32)
+    items = [ExecItem(0, {"input": x})]
+    [onnx] = executor.run(demo_models["mlp_onnx"], items)
+    [torch_export] = executor.run(demo_models["mlp"], items)
+    assert onnx.outputs is not None and torch_export.outputs is not None
+    np.testing.assert_allclose(onnx.outputs["output"], torch_export.outputs["output"], atol=1e-5, rtol=0)
+    with torch.inference_mode():
+        eager = build_mlp()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(onnx.outputs["output"], eager, atol=1e-5, rtol=0)
+    spec = demo_models["mlp_onnx"].spec
+    assert (spec.config.deterministic, spec.config.cache, spec.warnings) == (True, "enabled", ())
+    assert spec.digest != demo_models["mlp"].spec.digest

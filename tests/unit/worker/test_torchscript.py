@@ -1,0 +1,81 @@
+"""TorchScript binding: Triton's INPUT__i / OUTPUT__i by position, other names by keyword, and a config
+that does not fit the module refused at load with the module's real signature."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.unit.worker.fakes import synthetic_config, write_model
+from worker.executor import ExecItem, Executor
+from worker.repository import RepositoryError, scan_repository
+
+A = np.arange(6, dtype=np.float32).reshape(2, 3)
+B = np.full((2, 3), 10, dtype=np.float32)
+
+
+class SumAndDifference(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a + b, a - b
+
+
+def _tensor(name: str) -> dict[str, Any]:
+    return {"name": name, "datatype": "FP32", "dims": [3]}
+
+
+def _write(root: Path, inputs: list[str], outputs: list[str]) -> None:
+    config = synthetic_config(
+        "ts", backend="torchscript", synthetic=None,
+        inputs=[_tensor(n) for n in inputs], outputs=[_tensor(n) for n in outputs],
+    )  # fmt: skip
+    folder = write_model(root, config)
+    traced = torch.jit.trace(SumAndDifference(), (torch.zeros(2, 3), torch.zeros(2, 3)))  # type: ignore[no-untyped-call]
+    torch.jit.save(traced, str(folder / "1" / "model.pt"))
+
+
+def _run(root: Path, executor: Executor, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    model = executor.load(scan_repository(root)[0])
+    [outcome] = executor.run(model, [ExecItem(0, inputs)])
+    assert outcome.error is None and outcome.outputs is not None, outcome.error
+    return outcome.outputs
+
+
+def test_triton_names_bind_by_position_whatever_their_config_order(
+    tmp_path: Path, executor: Executor
+) -> None:
+    _write(tmp_path, ["INPUT__1", "INPUT__0"], ["OUTPUT__1", "OUTPUT__0"])
+    out = _run(tmp_path, executor, {"INPUT__0": A, "INPUT__1": B})
+    np.testing.assert_array_equal(out["OUTPUT__0"], A + B)
+    np.testing.assert_array_equal(out["OUTPUT__1"], A - B)
+
+
+def test_other_names_bind_by_keyword(tmp_path: Path, executor: Executor) -> None:
+    _write(tmp_path, ["b", "a"], ["sum", "difference"])
+    out = _run(tmp_path, executor, {"a": A, "b": B})
+    np.testing.assert_array_equal(out["sum"], A + B)
+    np.testing.assert_array_equal(out["difference"], A - B)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["input", "b"], "no parameter ['input']"),
+        (["a"], "nothing for ['b']"),
+        (["INPUT__0", "b"], "mix positional names"),
+        (["INPUT__0", "INPUT__2"], "exactly 0..1"),
+        (["INPUT__0"], "1 positional input(s) do not fit"),
+    ],
+)
+def test_a_config_that_does_not_fit_names_the_real_signature(
+    tmp_path: Path, inputs: list[str], message: str
+) -> None:
+    _write(tmp_path, inputs, ["OUTPUT__0"])
+    with pytest.raises(RepositoryError) as info:
+        Executor().load(scan_repository(tmp_path)[0])
+    assert message in str(info.value)
+    assert "forward(a: Tensor, b: Tensor)" in str(info.value)
+    assert str(tmp_path / "ts" / "1" / "model.pt") in str(info.value)
