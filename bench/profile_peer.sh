@@ -2,7 +2,8 @@
 # CPU per request by stage: Sluice as the shared peer harness runs it (../shared/peers: router + worker +
 # etcd pinned to core 0, the peers' load generator on core 1), sampled with py-spy while the load runs.
 #   bench/profile_peer.sh RATE [SECONDS]        e.g. bench/profile_peer.sh 400 10
-# env: PEERS (default ../shared/peers), OUT (default $PEERS_ROOT/profile), SLUICE_ARGS (extra `up` flags)
+# env: PEERS (default ../shared/peers), OUT (default $PEERS_ROOT/profile), SLUICE_ARGS (extra `up` flags),
+#      NATIVE=1 (also sample native frames: grpc's C core; pauses the processes while sampling)
 # Needs `../shared/peers/setup.sh tools` once and py-spy (a dev dependency: `make install`).
 # Prints the breakdown (bench/cpu_breakdown.py); the raw samples stay in $OUT for flame graphs.
 set -euo pipefail
@@ -24,11 +25,20 @@ target=$(peer_targets sluice)
 target=${target#* }
 # shellcheck disable=SC2086
 loadgen $target --ready-only --ready-timeout 300 >/dev/null
-router=$(pgrep -f -- "-m cli .*router --listen 0.0.0.0:8201" | head -1)
-worker=$(pgrep -f -- "-m cli .*worker --repository" | head -1)
+# the peer's own router and worker (other clusters may run on this machine)
+pid_of() {
+  for pid in $(sesspids "$lead"); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-m cli .*$1"; then echo "$pid"; return; fi
+  done
+}
+router=$(pid_of "router --listen")
+worker=$(pid_of "worker --repository")
+[[ -n $router && -n $worker ]] || { echo "router or worker not found" >&2; exit 1; }
 cpu_of() { awk '{print ($14 + $15)}' "/proc/$1/stat"; }
 tck=$(getconf CLK_TCK)
 
+sampling="--nonblocking"
+[[ -n ${NATIVE:-} ]] && sampling="--native"
 warmup=3
 total=$((seconds + 2 * warmup))
 # shellcheck disable=SC2086
@@ -36,10 +46,10 @@ loadgen $target --rate "$rate" --duration "$total" --warmup 0 --timeout 2 --labe
 load=$!
 sleep "$warmup"
 r0=$(cpu_of "$router"); w0=$(cpu_of "$worker")
-"$pyspy" record --nonblocking --rate 250 --format raw -d "$seconds" -p "$router" -o "$out/router.raw" \
+"$pyspy" record $sampling --rate 250 --format raw -d "$seconds" -p "$router" -o "$out/router.raw" \
   >/dev/null 2>&1 &
 spy_router=$!
-"$pyspy" record --nonblocking --rate 250 --format raw -d "$seconds" -p "$worker" -o "$out/worker.raw" \
+"$pyspy" record $sampling --rate 250 --format raw -d "$seconds" -p "$worker" -o "$out/worker.raw" \
   >/dev/null 2>&1 &
 spy_worker=$!
 wait "$spy_router" "$spy_worker"

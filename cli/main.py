@@ -70,6 +70,12 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     router.add_argument("--listen", help="gRPC bind address (default 0.0.0.0:8001)")
     router.add_argument("--metrics-port", type=int, help="/metrics port (default 8002; 0 picks one)")
     router.add_argument("--router-id", help="name in etcd (default hostname-pid-port)")
+    router.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="serve the port from N router processes, one core each (SO_REUSEPORT; default 1)",
+    )
     _add_etcd_flags(router)
 
     worker = sub.add_parser("worker", help="run a worker that owns one device")
@@ -223,13 +229,15 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from cli import commands
 
     offline = _run_offline(args)
     if offline is not None:
         return offline
     config = _config(args)
+    if args.command == "router" and args.processes != 1:
+        return _router_processes(args, argv, config)
     if args.command == "router":
         from router.main import serve_router
 
@@ -251,12 +259,25 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def _router_processes(args: argparse.Namespace, argv: list[str], config: SluiceConfig) -> int:
+    from cli.router_processes import run_router_processes
+
+    if args.processes < 1:
+        print("sluice router: --processes must be at least 1", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if config.router.listen.rsplit(":", 1)[-1] == "0":
+        print("sluice router: --processes needs a fixed listen port (not :0)", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    return run_router_processes(argv, args.processes, config.router.metrics_port, config.router.router_id)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sluice` console script."""
-    args = _build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = _build_parser().parse_args(raw)
     configure_logging(args.log_level, args.command, as_json=args.log_format == "json")
     try:
-        return _run(args)
+        return _run(args, raw)
     except ModuleNotFoundError as exc:
         extra = _EXTRAS.get((exc.name or "").split(".")[0])
         if extra is None:

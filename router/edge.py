@@ -7,6 +7,10 @@ that never raises: a body that does not parse becomes `Malformed`, which unary m
 INVALID_ARGUMENT (through the one error boundary) and `ModelStreamInfer` answers in-band; the count is
 logged at most once per `MALFORMED_LOG_INTERVAL_S`.
 
+The front door (router/policy/door.py) stands before the parse: a method served through it receives the
+raw body, and while the router's event loop is overloaded part of its calls are refused UNAVAILABLE with a
+retry hint before a byte of them is parsed, so a refusal costs far less than serving.
+
 Invariant: no servicer method ever sees a body it has to re-check for parse errors except as `Malformed`.
 """
 
@@ -23,13 +27,25 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from common.clock import Clock
-from common.errors import InvalidArgument
-from common.grpc_errors import abort
+from common.errors import InvalidArgument, Unavailable
+from common.grpc_errors import abort, grpc_code, trailers_for
 from common.logs import LogThrottle
+from router.metrics import RouterMetrics
+from router.policy.door import RETRY_AFTER_S, Door
 
 log = logging.getLogger(__name__)
 
 MALFORMED_LOG_INTERVAL_S = 10.0
+DOORED_METHODS = frozenset({"ModelInfer"})
+"""Methods whose calls pass the front door before their body is parsed."""
+OVERLOADED = Unavailable(
+    "the router is overloaded (its event loop runs late): retry after the hint, or on another router",
+    reason="router_overloaded",
+    retry_after_s=RETRY_AFTER_S,
+)
+_OVERLOADED_CODE = grpc_code(OVERLOADED.code)
+_OVERLOADED_TRAILERS = trailers_for(OVERLOADED)
+"""Built once: a refusal must cost as little as possible."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +96,36 @@ def _unary(
     return guarded
 
 
+def _doored(
+    behavior: Callable[[Any, Any], Any],
+    parse: Callable[[bytes], Message | Malformed],
+    method: str,
+    bodies: MalformedBodies,
+    door: FrontDoor,
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
+    async def guarded(body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if not door.door.admit():
+            door.metrics.door_refused.inc()
+            await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
+        request = parse(body)
+        if isinstance(request, Malformed):
+            bodies.seen(method, request)
+            await abort(context, request.error())
+        return await behavior(request, context)
+
+    return guarded
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """The door and where its refusals are counted."""
+
+    door: Door
+    metrics: RouterMetrics
+
+
 def _handler(
-    method: MethodDescriptor, servicer: object, bodies: MalformedBodies
+    method: MethodDescriptor, servicer: object, bodies: MalformedBodies, door: FrontDoor | None
 ) -> grpc.RpcMethodHandler[Any, Any]:
     behavior = getattr(servicer, method.name)
     parse = _deserializer(GetMessageClass(method.input_type))
@@ -92,15 +136,23 @@ def _handler(
         )
     if method.client_streaming or method.server_streaming:
         raise ValueError(f"{method.full_name}: only unary and bidirectional methods are served")
+    if door is not None and method.name in DOORED_METHODS:
+        guarded = _doored(behavior, parse, method.full_name, bodies, door)
+        return grpc.unary_unary_rpc_method_handler(guarded, response_serializer=serialize)
     return grpc.unary_unary_rpc_method_handler(
         _unary(behavior, method.full_name, bodies), request_deserializer=parse, response_serializer=serialize
     )
 
 
 def add_service(
-    server: grpc.aio.Server, service: ServiceDescriptor, servicer: object, bodies: MalformedBodies
+    server: grpc.aio.Server,
+    service: ServiceDescriptor,
+    servicer: object,
+    bodies: MalformedBodies,
+    door: FrontDoor | None = None,
 ) -> None:
-    """Serve every method of `service` from `servicer` with non-raising deserializers."""
-    handlers = {method.name: _handler(method, servicer, bodies) for method in service.methods}
+    """Serve every method of `service` from `servicer` with non-raising deserializers; the methods in
+    `DOORED_METHODS` behind `door`, if given."""
+    handlers = {method.name: _handler(method, servicer, bodies, door) for method in service.methods}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

@@ -36,15 +36,17 @@ from router.auth import AccessPolicy
 from router.cache_gate import CacheGate
 from router.dataplane import DataPlane, DriverBackend
 from router.driver import Driver
-from router.edge import MalformedBodies, add_service
+from router.edge import FrontDoor, MalformedBodies, add_service
 from router.idempotency_gate import IdempotencyGate
 from router.live_stats import LiveStats
+from router.loop_lag import LoopLagProbe
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.peers import PeerView, router_record
 from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.core import RouterCore
+from router.policy.door import Door
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
 from router.stores.cache_store import ResultCacheStore
@@ -123,6 +125,8 @@ class RouterServer:
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
+        self.door = Door(settings.door_max_lag_ms / 1000)
+        self._lag_probe = LoopLagProbe(self.door, self.metrics)
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
@@ -159,7 +163,10 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        inference = InferenceServicer(self.dataplane, settings=self.config.router, malformed=self.malformed)
+        door = FrontDoor(self.door, self.metrics)
+        inference = InferenceServicer(
+            self.dataplane, settings=self.config.router, malformed=self.malformed, door=door
+        )
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
             membership=self.membership,
@@ -171,7 +178,7 @@ class RouterServer:
             desired_workers=self.status.desired_workers,
             clock=self.clock,
         )
-        add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed)
+        add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
         add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -213,6 +220,7 @@ class RouterServer:
         self.membership.start()
         self.peers.start(self.router_id, self._registration, advertised)
         self.status.start()
+        self._lag_probe.start()
         await self._registration.start()
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
 
@@ -251,6 +259,7 @@ class RouterServer:
         if self._registration is not None:
             await self._registration.revoke()
         await self.status.stop()
+        self._lag_probe.stop()
         if self._server is not None:
             await self._server.stop(grace)
         await self.auditor.stop()

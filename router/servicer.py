@@ -25,7 +25,7 @@ from common.telemetry import extract
 from router.cache_gate import CacheGate
 from router.dataplane import DataPlane
 from router.driver import Driver
-from router.edge import Malformed, MalformedBodies
+from router.edge import OVERLOADED, FrontDoor, Malformed, MalformedBodies
 from router.kserve_codec import api_key, call_from_request, model_metadata, response_from_result
 from router.live_stats import LiveStats
 from router.membership import Membership
@@ -48,8 +48,16 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` over the data plane."""
 
-    def __init__(self, plane: DataPlane, *, settings: RouterSettings, malformed: MalformedBodies) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        *,
+        settings: RouterSettings,
+        malformed: MalformedBodies,
+        door: FrontDoor | None = None,
+    ) -> None:
         self._plane = plane
+        self._door = door
         self._stream_max_inflight = settings.stream_max_inflight
         self._malformed = malformed
 
@@ -114,6 +122,9 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         async def serve_one(request: kserve.ModelInferRequest | Malformed) -> None:
             answer = kserve.ModelStreamInferResponse()
             try:
+                if self._door is not None and not self._door.door.admit():
+                    self._door.metrics.door_refused.inc()
+                    raise OVERLOADED
                 if isinstance(request, Malformed):
                     self._malformed.seen("inference.GRPCInferenceService/ModelStreamInfer", request)
                     raise request.error()

@@ -1,0 +1,84 @@
+"""The front door on a real router whose event loop is really overloaded (a callback that holds the loop
+30 ms of every 40, in the router's own loop): part of the new requests are refused UNAVAILABLE
+`router_overloaded` with a retry hint, the admitted ones are served, and once the loop keeps time again
+everything is admitted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import grpc
+import pytest
+
+from common.config import RouterSettings
+from common.grpc_errors import PUSHBACK_KEY, REASON_KEY
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from router.main import RouterServer
+from router.policy.door import RETRY_AFTER_S
+from tests.integration.conftest import MakeRouter, Spawn
+from tests.integration.test_hostile_clients import synthetic_request
+from tests.support.processes import eventually
+
+pytestmark = pytest.mark.integration
+
+HOLD_S, EVERY_S = 0.030, 0.040
+
+
+@pytest.fixture
+async def served(make_router: MakeRouter, spawn: Spawn) -> AsyncIterator[RouterServer]:
+    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_lag_ms=10)
+    router = await make_router(router=settings)
+    spawn("w1")
+    await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")
+    yield router
+
+
+@contextmanager
+def hogged_loop() -> Iterator[None]:
+    """Hold the running loop `HOLD_S` of every `EVERY_S` (what a saturated CPU does to it)."""
+    loop = asyncio.get_running_loop()
+    handle: asyncio.Handle
+
+    def hog() -> None:
+        nonlocal handle
+        time.sleep(HOLD_S)
+        handle = loop.call_later(EVERY_S - HOLD_S, hog)
+
+    handle = loop.call_soon(hog)
+    try:
+        yield
+    finally:
+        handle.cancel()
+
+
+async def outcomes(port: int, count: int) -> list[tuple[grpc.StatusCode, str, str]]:
+    """(code, sluice-reason, retry pushback) of `count` concurrent ModelInfer calls."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+
+        async def one() -> tuple[grpc.StatusCode, str, str]:
+            try:
+                await stub.ModelInfer(synthetic_request(), timeout=10)
+            except grpc.aio.AioRpcError as err:
+                trailers = dict(err.trailing_metadata() or ())
+                return err.code(), str(trailers.get(REASON_KEY, "")), str(trailers.get(PUSHBACK_KEY, ""))
+            return grpc.StatusCode.OK, "", ""
+
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def test_an_overloaded_loop_refuses_part_of_the_requests_with_a_hint_and_recovers(
+    served: RouterServer,
+) -> None:
+    with hogged_loop():
+        await eventually(lambda: served.door.fraction < 0.5, 10, "the door to close halfway")
+        during = await outcomes(served.port, 200)
+    refused = [o for o in during if o[0] != grpc.StatusCode.OK]
+    overloaded = (grpc.StatusCode.UNAVAILABLE, "router_overloaded", str(round(RETRY_AFTER_S * 1000)))
+    assert refused and all(o == overloaded for o in refused), during
+    assert len(refused) < len(during)  # it admits a share (at least 1 % of 200), and serves it
+    await eventually(lambda: served.door.fraction == 1.0, 10, "the door to open again")
+    assert await outcomes(served.port, 20) == [(grpc.StatusCode.OK, "", "")] * 20

@@ -1,0 +1,97 @@
+"""`sluice router --processes 2`: two router processes serve one port (each registered in etcd), requests
+over separate connections are all answered, a child that dies is started again while the other keeps
+serving, and SIGTERM to the parent stops every child."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from common.config import EtcdSettings
+from common.etcd import ROUTERS, open_client
+from common.local_cluster import free_port
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from tests.integration.conftest import Spawn
+from tests.integration.test_hostile_clients import synthetic_request
+from tests.support.processes import etcd_env, eventually, find_pids
+
+pytestmark = pytest.mark.integration
+
+Popen = subprocess.Popen[bytes]
+STARTUP_POLLS = 600
+"""Up to a minute, 0.1 s apart, for both children to register and the worker to serve."""
+
+
+async def registered_routers(settings: EtcdSettings) -> set[str]:
+    client = await open_client(settings)
+    try:
+        found = await client.get_prefix((settings.prefix + ROUTERS).encode())
+    finally:
+        await client.close()
+    return {kv.key.decode().rsplit("/", 1)[-1] for kv in found}
+
+
+@pytest.fixture
+def routers(etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path) -> Iterator[tuple[int, Popen]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "cli", "router", "--processes", "2", "--listen", f"127.0.0.1:{port}",
+            "--metrics-port", "0", "--router-id", f"r{port}"]  # fmt: skip
+    env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token}
+    with (tmp_path / "routers.log").open("wb") as log:
+        parent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield port, parent
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        for pid in find_pids("-m cli router", f"--router-id r{port}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def answered(port: int, connections: int) -> list[grpc.StatusCode]:
+    """One ModelInfer on each of `connections` separate connections."""
+
+    async def one() -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                    synthetic_request(), timeout=10
+                )
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+            return grpc.StatusCode.OK
+
+    return list(await asyncio.gather(*(one() for _ in range(connections))))
+
+
+async def test_two_processes_serve_one_port_restart_a_dead_child_and_stop_together(
+    routers: tuple[int, Popen], spawn: Spawn, etcd_settings: EtcdSettings
+) -> None:
+    port, parent = routers
+    spawn("w1")
+    ids = {f"r{port}-0", f"r{port}-1"}
+    for _ in range(STARTUP_POLLS):
+        if await registered_routers(etcd_settings) == ids and await answered(port, 1) == [grpc.StatusCode.OK]:
+            break
+        await asyncio.sleep(0.1)
+    assert await registered_routers(etcd_settings) == ids  # one registration per process
+    assert await answered(port, 16) == [grpc.StatusCode.OK] * 16
+
+    [first] = find_pids("-m cli router", f"--router-id r{port}-0")
+    os.kill(first, signal.SIGKILL)
+    assert await answered(port, 8) == [grpc.StatusCode.OK] * 8  # the other child serves meanwhile
+    await eventually(lambda: find_pids("-m cli router", f"--router-id r{port}-0") not in ([], [first]), 30,
+                     "the dead child to be started again")  # fmt: skip
+
+    parent.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(parent.wait, 40) == 0
+    assert find_pids("-m cli router", f"--router-id r{port}") == []
