@@ -45,6 +45,12 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--repository", type=Path, default=Path("models"), help="model repository (default models/)"
     )
     up.add_argument("--workers", type=int, default=2, help="worker processes to start (default 2)")
+    up.add_argument(
+        "--router-processes",
+        type=int,
+        default=1,
+        help="router processes sharing the port (`sluice router --processes`; default 1)",
+    )
     up.add_argument("--port", type=int, default=8001, help="router gRPC port (default 8001)")
     up.add_argument("--metrics-port", type=int, default=8002, help="router /metrics port (default 8002)")
     up.add_argument(

@@ -54,7 +54,8 @@ RESTART_WINDOW_S = 60.0
 class ClusterArgs(Protocol):
     """What a cluster is started from: `sluice up`'s parsed arguments, or any object with these fields.
     Also read when present: `config` (a sluice.yaml path), `tls` and `certs` (mTLS with development
-    certificates, kept in `certs` or the run's folder), `redis_port` (start a Valkey there)."""
+    certificates, kept in `certs` or the run's folder), `redis_port` (start a Valkey there),
+    `router_processes` (`sluice router --processes`: the router's metrics are then on consecutive ports)."""
 
     @property
     def repository(self) -> Path:
@@ -374,12 +375,13 @@ def start_cluster(
         children.append(Child("redis", _redis_argv(redis_port, data_dir), log_dir))
         _wait_for(lambda: _redis_answers(redis_port), 15, children, "redis", stop)
         router_env["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    router_processes: int = getattr(args, "router_processes", 1)
     children.append(
         Child(
             "router",
             _sluice(*config, "router", "--listen", f"0.0.0.0:{args.port}",
                     "--metrics-port", str(args.metrics_port), "--etcd", etcd_endpoint,
-                    "--router-id", "router-1"),
+                    "--router-id", "router-1", "--processes", str(router_processes)),
             log_dir,
             router_env,
         )

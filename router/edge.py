@@ -8,8 +8,8 @@ INVALID_ARGUMENT (through the one error boundary) and `ModelStreamInfer` answers
 logged at most once per `MALFORMED_LOG_INTERVAL_S`.
 
 The front door (router/policy/door.py) stands before the parse: a method served through it receives the
-raw body, and while the router's event loop is overloaded part of its calls are refused UNAVAILABLE with a
-retry hint before a byte of them is parsed, so a refusal costs far less than serving.
+raw body, and while calls wait too long to reach the router's code part of them are refused UNAVAILABLE
+with a retry hint before a byte of them is parsed, so a refusal costs a fraction of serving.
 
 Invariant: no servicer method ever sees a body it has to re-check for parse errors except as `Malformed`.
 """
@@ -30,6 +30,7 @@ from common.clock import Clock
 from common.errors import InvalidArgument, Unavailable
 from common.grpc_errors import abort, grpc_code, trailers_for
 from common.logs import LogThrottle
+from common.pb.inference import grpc_service_pb2 as kserve
 from router.metrics import RouterMetrics
 from router.policy.door import RETRY_AFTER_S, Door
 
@@ -39,10 +40,13 @@ MALFORMED_LOG_INTERVAL_S = 10.0
 DOORED_METHODS = frozenset({"ModelInfer"})
 """Methods whose calls pass the front door before their body is parsed."""
 OVERLOADED = Unavailable(
-    "the router is overloaded (its event loop runs late): retry after the hint, or on another router",
+    "the router is overloaded (calls wait too long to reach it): retry after the hint, or on another router",
     reason="router_overloaded",
     retry_after_s=RETRY_AFTER_S,
 )
+PROBE_KEY = "sluice-probe"
+"""Metadata that marks the router's own queue probe (router/queue_probe.py), with its per-process token."""
+PROBE_ANSWER = kserve.ModelInferResponse()
 _OVERLOADED_CODE = grpc_code(OVERLOADED.code)
 _OVERLOADED_TRAILERS = trailers_for(OVERLOADED)
 """Built once: a refusal must cost as little as possible."""
@@ -104,6 +108,8 @@ def _doored(
     door: FrontDoor,
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
     async def guarded(body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if (PROBE_KEY, door.probe_token) in (context.invocation_metadata() or ()):
+            return PROBE_ANSWER  # the router's own probe: it measured the wait, nothing to serve
         if not door.door.admit():
             door.metrics.door_refused.inc()
             await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
@@ -118,10 +124,11 @@ def _doored(
 
 @dataclass(frozen=True)
 class FrontDoor:
-    """The door and where its refusals are counted."""
+    """The door, where its refusals are counted, and the token that marks the router's own probe."""
 
     door: Door
     metrics: RouterMetrics
+    probe_token: str
 
 
 def _handler(

@@ -39,7 +39,6 @@ from router.driver import Driver
 from router.edge import FrontDoor, MalformedBodies, add_service
 from router.idempotency_gate import IdempotencyGate
 from router.live_stats import LiveStats
-from router.loop_lag import LoopLagProbe
 from router.membership import Membership
 from router.metrics import RouterMetrics
 from router.peers import PeerView, router_record
@@ -47,6 +46,7 @@ from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.core import RouterCore
 from router.policy.door import Door
+from router.queue_probe import QueueProbe
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
 from router.stores.cache_store import ResultCacheStore
@@ -125,8 +125,8 @@ class RouterServer:
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
-        self.door = Door(settings.door_max_lag_ms / 1000)
-        self._lag_probe = LoopLagProbe(self.door, self.metrics)
+        self.door = Door(settings.door_max_delay_ms / 1000)
+        self._queue_probe = QueueProbe(self.door, self.metrics)
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
@@ -163,7 +163,7 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        door = FrontDoor(self.door, self.metrics)
+        door = FrontDoor(self.door, self.metrics, self._queue_probe.token)
         inference = InferenceServicer(
             self.dataplane, settings=self.config.router, malformed=self.malformed, door=door
         )
@@ -206,6 +206,7 @@ class RouterServer:
         )
         self._servicers(server)
         self.port = self._bind(server)
+        server.add_insecure_port(self._queue_probe.address)
         if self.port == 0:
             raise OSError(f"cannot bind router to {settings.listen}")
         await server.start()
@@ -220,7 +221,7 @@ class RouterServer:
         self.membership.start()
         self.peers.start(self.router_id, self._registration, advertised)
         self.status.start()
-        self._lag_probe.start()
+        self._queue_probe.start()
         await self._registration.start()
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
 
@@ -259,7 +260,7 @@ class RouterServer:
         if self._registration is not None:
             await self._registration.revoke()
         await self.status.stop()
-        self._lag_probe.stop()
+        await self._queue_probe.stop()
         if self._server is not None:
             await self._server.stop(grace)
         await self.auditor.stop()

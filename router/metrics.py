@@ -130,17 +130,17 @@ class RouterMetrics:
             "sluice_router_redispatched", "Requests sent again to another worker after theirs died mid-batch",
             ["model"], registry=r,
         )  # fmt: skip
-        self.loop_lag = Gauge(
-            "sluice_router_loop_lag_seconds", "How late the event loop ran its latest lag probe (router CPU "
-            "saturation)", registry=r,
+        self.call_delay = Gauge(
+            "sluice_router_call_delay_seconds", "How long a call waits before the router's code runs (its "
+            "own probe's round trip; router CPU saturation)", registry=r,
         )  # fmt: skip
         self.door_fraction = Gauge(
             "sluice_router_door_admitted_fraction", "Share of new inference requests the front door admits "
-            "(1 unless the router's event loop is overloaded)", registry=r,
+            "(1 unless calls wait too long to reach the router's code)", registry=r,
         )  # fmt: skip
         self.door_refused = Counter(
             "sluice_router_door_refused", "Inference requests refused at the front door, before parsing, "
-            "while the router's event loop was overloaded", registry=r,
+            "while calls waited too long to reach the router's code", registry=r,
         )  # fmt: skip
         self.workers = Gauge(
             "sluice_router_workers", "Workers known from etcd, by whether they accept batches",

@@ -110,10 +110,10 @@ async def make_router(
 
     async def make(**sections: Any) -> RouterServer:
         router = sections.setdefault("router", RouterSettings(listen="127.0.0.1:0", metrics_port=0))
-        if "door_max_lag_ms" not in router.model_fields_set:
+        if "door_max_delay_ms" not in router.model_fields_set:
             # An in-process router shares its event loop with the test's own load generator, whose lag is
             # not the router's overload: the front door is tested where it is the subject (test_front_door).
-            sections["router"] = router.model_copy(update={"door_max_lag_ms": 0.0})
+            sections["router"] = router.model_copy(update={"door_max_delay_ms": 0.0})
         sections.setdefault("cluster", cluster_settings)
         server = RouterServer(SluiceConfig(etcd=etcd_settings, **sections))
         await server.start()

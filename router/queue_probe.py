@@ -1,0 +1,106 @@
+"""How long a call waits before the router's code runs: the signal of the front door (router/policy/door.py).
+
+The router calls its own server: an empty `ModelInfer` every `PROBE_EVERY_S` over a Unix socket the same
+server listens on (in a private 0700 folder of the router's user, removed at stop). gRPC queues calls per
+registered method, so only a `ModelInfer` waits in the very queue client inference calls wait in (a health
+check, in its own queue, came back in a millisecond while they waited two seconds). The call carries a
+per-process token in its metadata; the door's handler answers it at once, before the door and the parse.
+Each probe gives the door its round trip as one sample. While a probe is out, its age is a fresh lower bound
+of the delay: each time that age passes the door's bound, then twice it, four times it and so on, it is a
+sample too. A queue that suddenly grows is thus seen within the bound, not when the probe finally returns,
+and a long wait counts a few times (its doublings), never once per timer tick: reacting to the same stale
+round trip every few milliseconds drove the door to its floor and kept 80 % of the load out where 30 % was
+the excess. Cost: about 20 tiny calls a second, and a timer every `WATCH_S`.
+
+Calls on the socket pass the same authentication as on the client port (common/grpc_gate.py): with tenant
+keys required, the probe is answered UNAUTHENTICATED, after the same wait, which is all it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import grpc
+
+from router.edge import PROBE_KEY
+from router.metrics import RouterMetrics
+from router.policy.door import Door
+
+PROBE_EVERY_S = 0.05
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+WATCH_S = 0.005
+"""How often an outstanding probe's age is checked against the door's bound."""
+PROBE_TIMEOUT_S = 10.0
+"""A probe never waits longer; its age already tells the door everything past the bound."""
+
+
+class QueueProbe:
+    """Measures the server's call-queue delay and feeds it to a Door."""
+
+    def __init__(self, door: Door, metrics: RouterMetrics) -> None:
+        self._door = door
+        self._metrics = metrics
+        self._folder = Path(tempfile.mkdtemp(prefix="sluice-router-"))
+        self.address = f"unix:{self._folder / 'probe.sock'}"
+        """Where the server must also listen (before it starts)."""
+        self.token = secrets.token_hex(16)
+        """Marks the probe's calls (`PROBE_KEY` metadata)."""
+        self._out_since: float | None = None
+        self._next_mark = 0.0
+        """The outstanding probe's age at which it next counts as a sample (0: it has not counted yet)."""
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Begin probing the running server."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._probe(loop), name="queue-probe")
+        self._arm(loop)
+
+    async def stop(self) -> None:
+        """Stop probing and remove the socket's folder."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    async def _probe(self, loop: asyncio.AbstractEventLoop) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            infer: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(INFER)
+            metadata = ((PROBE_KEY, self.token),)
+            while True:
+                started = self._out_since = loop.time()
+                self._next_mark = self._door.max_delay_s
+                counted = False
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await infer(b"", metadata=metadata, timeout=PROBE_TIMEOUT_S)
+                    counted = self._next_mark > self._door.max_delay_s
+                self._out_since = None
+                if not counted:
+                    self._report(loop.time() - started)
+                await asyncio.sleep(PROBE_EVERY_S)
+
+    def _report(self, delay: float) -> None:
+        self._door.observe(delay)
+        self._metrics.call_delay.set(delay)
+        self._metrics.door_fraction.set(self._door.fraction)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(WATCH_S, self._watch, loop)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """An outstanding probe whose age passed its next mark (the bound, then each doubling) is a sample."""
+        if self._out_since is not None and self._next_mark > 0:
+            age = loop.time() - self._out_since
+            if age > self._next_mark:
+                self._next_mark *= 2
+                self._report(age)
+        self._arm(loop)
