@@ -125,7 +125,7 @@ class RouterServer:
         )
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
-        self.door = Door(settings.door_max_delay_ms / 1000)
+        self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
         self._queue_probe = QueueProbe(self.door, self.metrics)
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(

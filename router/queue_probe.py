@@ -85,11 +85,11 @@ class QueueProbe:
                     counted = self._next_mark > self._door.max_delay_s
                 self._out_since = None
                 if not counted:
-                    self._report(loop.time() - started)
+                    self._report(loop.time() - started, loop.time())
                 await asyncio.sleep(PROBE_EVERY_S)
 
-    def _report(self, delay: float) -> None:
-        self._door.observe(delay)
+    def _report(self, delay: float, now: float) -> None:
+        self._door.observe(delay, now)
         self._metrics.call_delay.set(delay)
         self._metrics.door_fraction.set(self._door.fraction)
 
@@ -102,5 +102,5 @@ class QueueProbe:
             age = loop.time() - self._out_since
             if age > self._next_mark:
                 self._next_mark *= 2
-                self._report(age)
+                self._report(age, loop.time())
         self._arm(loop)

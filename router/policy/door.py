@@ -10,14 +10,16 @@ nothing in time (goodput 0 at 1.6x its saturation rate, issue 11).
 
 The door watches how long a call waits before the router's code runs, measured by the router calling
 itself (router/queue_probe.py: a health check over a private socket of the same server, so it waits in the
-same queue). While that delay stays above `max_delay_s` the admitted fraction of new requests shrinks
-multiplicatively; while it stays below half of it the fraction grows back additively (AIMD, as TCP does for
-the same problem: find the rate a shared resource sustains without measuring it directly). Refusals are
+same queue). Once that delay has stayed above `max_delay_s` for `sustain_s` (a burst that drains, or the
+standing queue of a closed-loop client with many calls in flight, is served, not refused), the admitted
+fraction of new requests shrinks multiplicatively with every sample above the bound, and grows back
+additively with every sample below half of it, until all are admitted again (AIMD, as TCP does for the same
+problem: find the rate a shared resource sustains without measuring it directly). Refusals are
 spread evenly (a credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a
 retry hint. A refusal costs gRPC's per-call work and this check: about a third of serving a request here
 (docs/performance.md), which is what keeps some goodput past the router's own saturation.
 
-Pure: delay samples come in through `observe`, decisions go out through `admit`; no clock, no I/O.
+Pure: delay samples (with their time) come in through `observe`, decisions go out through `admit`; no I/O.
 """
 
 from __future__ import annotations
@@ -37,27 +39,41 @@ RETRY_AFTER_S = 0.1
 
 @dataclass(slots=True)
 class Door:
-    """Admits the fraction of new requests the router's event loop can take (see the module docstring)."""
+    """Admits the fraction of new requests the router takes in promptly (see the module docstring)."""
 
     max_delay_s: float
     """Delay above which the router refuses part of its new requests; 0 turns the door off."""
+    sustain_s: float = 1.0
+    """How long the delay must stay above the bound before the door first closes: a burst that drains
+    (500 requests at once) or a closed-loop client's standing queue is served, not refused."""
     fraction: float = 1.0
     """Share of new requests admitted now."""
     delay_s: float = 0.0
     """The latest delay sample."""
+    engaged: bool = False
+    """Refusing part of the load; until the fraction is back at 1."""
     refused: int = 0
     """Requests refused so far."""
+    _above_since: float | None = None
     _credit: float = 0.0
 
-    def observe(self, delay_s: float) -> None:
-        """One sample of how long a call waits before the router's code runs."""
+    def observe(self, delay_s: float, now: float) -> None:
+        """One sample, taken at `now`, of how long a call waits before the router's code runs."""
         self.delay_s = delay_s
         if not self.max_delay_s:
             return
         if delay_s > self.max_delay_s:
+            if not self.engaged:
+                self._above_since = now if self._above_since is None else self._above_since
+                if now - self._above_since < self.sustain_s:
+                    return
+                self.engaged = True
             self.fraction = max(MIN_FRACTION, self.fraction * DECREASE)
-        elif delay_s < self.max_delay_s / 2:
+            return
+        self._above_since = None
+        if self.engaged and delay_s < self.max_delay_s / 2:
             self.fraction = min(1.0, self.fraction + INCREASE)
+            self.engaged = self.fraction < 1.0
 
     def admit(self) -> bool:
         """Whether the next new request may come in."""

@@ -33,7 +33,7 @@ promptly, until the door has refused `REFUSALS` (at most `WAVES` waves)."""
 
 @pytest.fixture
 async def served(make_router: MakeRouter, spawn: Spawn) -> AsyncIterator[RouterServer]:
-    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_delay_ms=10)
+    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_delay_ms=10, door_sustain_s=0.2)
     router = await make_router(router=settings)
     spawn("w1")
     await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")

@@ -1,53 +1,70 @@
-"""The front door's control law: it admits everything while calls reach the router promptly, shrinks the
-admitted fraction while they wait too long, spreads refusals evenly, never refuses everything, and
-recovers."""
+"""The front door's control law: it admits everything while calls reach the router promptly, and also
+through a burst shorter than the sustain time; once the wait has stayed above the bound that long it
+shrinks the admitted fraction with every late sample, spreads refusals evenly, never refuses everything,
+and recovers additively until it admits everything again."""
 
 from __future__ import annotations
 
 from router.policy.door import DECREASE, INCREASE, MIN_FRACTION, Door
+
+BOUND, SUSTAIN = 0.020, 1.0
 
 
 def admitted(door: Door, requests: int) -> int:
     return sum(door.admit() for _ in range(requests))
 
 
+def late_for(door: Door, seconds: float, delay: float = 0.100, every: float = 0.05) -> None:
+    """Samples above the bound every `every` seconds for `seconds`, starting at t = 0."""
+    for step in range(round(seconds / every) + 1):
+        door.observe(delay, step * every)
+
+
 def test_prompt_calls_admit_everything() -> None:
-    door = Door(max_delay_s=0.010)
-    for _ in range(100):
-        door.observe(0.001)
+    door = Door(BOUND, SUSTAIN)
+    for step in range(100):
+        door.observe(0.001, step * 0.05)
     assert admitted(door, 1000) == 1000 and door.refused == 0
 
 
-def test_delay_above_the_bound_shrinks_the_admitted_share_multiplicatively_down_to_a_floor() -> None:
-    door = Door(max_delay_s=0.010)
-    door.observe(0.030)
-    assert door.fraction == DECREASE
-    for _ in range(200):
-        door.observe(0.030)
+def test_a_burst_shorter_than_the_sustain_time_is_served_not_refused() -> None:
+    door = Door(BOUND, SUSTAIN)
+    late_for(door, 0.9)
+    door.observe(0.001, 0.95)  # drained
+    late_for(door, 0.9)  # and again: the clock restarts after a prompt sample
+    assert not door.engaged and admitted(door, 100) == 100
+
+
+def test_a_sustained_wait_closes_the_door_multiplicatively_down_to_a_floor() -> None:
+    door = Door(BOUND, SUSTAIN)
+    late_for(door, SUSTAIN)
+    assert door.engaged and door.fraction == DECREASE
+    late_for(door, 20.0)
     assert door.fraction == MIN_FRACTION
     assert admitted(door, 1000) == 10  # never nothing: a trickle keeps estimates and health current
 
 
 def test_refusals_are_spread_evenly_not_in_runs() -> None:
-    door = Door(max_delay_s=0.010, fraction=0.25)
+    door = Door(BOUND, SUSTAIN, fraction=0.25, engaged=True)
     pattern = [door.admit() for _ in range(40)]
     assert sum(pattern) == 10
     assert all(sum(pattern[i : i + 4]) == 1 for i in range(0, 40, 4))  # one in every four, like clockwork
 
 
-def test_delay_between_half_and_the_bound_holds_the_share_and_low_delay_recovers_it_additively() -> None:
-    door = Door(max_delay_s=0.010, fraction=0.5)
-    door.observe(0.007)
-    assert door.fraction == 0.5
-    door.observe(0.001)
-    assert door.fraction == 0.5 + INCREASE
-    for _ in range(100):
-        door.observe(0.001)
-    assert door.fraction == 1.0
+def test_once_closing_it_reacts_to_every_late_sample_and_recovers_to_fully_open() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.5, engaged=True)
+    door.observe(0.030, 10.0)
+    assert door.fraction == 0.5 * DECREASE  # no new sustain wait while engaged
+    door.observe(0.015, 10.1)  # between half the bound and the bound: hold
+    assert door.fraction == 0.5 * DECREASE
+    door.observe(0.001, 10.2)
+    assert door.fraction == 0.5 * DECREASE + INCREASE
+    for step in range(100):
+        door.observe(0.001, 10.3 + step * 0.05)
+    assert door.fraction == 1.0 and not door.engaged
 
 
 def test_a_door_with_no_bound_never_refuses() -> None:
-    door = Door(max_delay_s=0.0)
-    for _ in range(100):
-        door.observe(5.0)
+    door = Door(0.0, SUSTAIN)
+    late_for(door, 10.0, delay=5.0)
     assert admitted(door, 100) == 100 and door.delay_s == 5.0
