@@ -1,0 +1,159 @@
+"""Tables and overload curves from one sitting of `bench/peer_sitting.sh`.
+
+The sitting leaves `OUT/t<timeout>/<label>/<peer>.jsonl` (the shared harness's lines: offered, achieved
+and good rates, percentiles, errors, timeouts, the server's CPU). Per client timeout this prints one
+markdown table per system, then, for the overload goals of issue 11, each system's peak goodput and its
+goodput at 2x and 4x the rate where it peaked (the nearest measured rate), and draws goodput and p99 against
+the offered rate (`--plot`).
+
+    python -m bench.peer_report /tmp/sitting --plot docs/figures/peers.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured rate of one system."""
+
+    offered: float
+    achieved: float
+    goodput: float
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: int
+    timeouts: int
+    cpu: float | None
+    """Cores the server used."""
+    refusals: dict[str, int]
+
+    @property
+    def within_slo(self) -> float:
+        """Share of the offered requests answered OK within the SLO."""
+        return self.goodput / self.offered if self.offered else 0.0
+
+    @property
+    def cpu_per_request_ms(self) -> float | None:
+        """Server CPU per OK answer."""
+        if self.cpu is None or not self.achieved:
+            return None
+        return self.cpu / self.achieved * 1000
+
+
+def read_points(folder: Path) -> dict[str, list[Point]]:
+    """Points per system label under one timeout's folder, by offered rate."""
+    systems: dict[str, list[Point]] = {}
+    for path in sorted(folder.glob("*/*.jsonl")):
+        label = path.parent.name
+        for line in path.read_text().splitlines():
+            data: dict[str, Any] = json.loads(line)
+            if "offered_rps" not in data:
+                continue  # the harness's "ready" line
+            systems.setdefault(label, []).append(
+                Point(
+                    offered=data["offered_rps"],
+                    achieved=data["achieved_rps"],
+                    goodput=data["goodput_rps"],
+                    p50_ms=data.get("p50_ms"),
+                    p99_ms=data.get("p99_ms"),
+                    errors=data["errors"],
+                    timeouts=data["timeouts"],
+                    cpu=data.get("server_cpu_frac"),
+                    refusals=data.get("error_kinds", {}),
+                )
+            )
+    for points in systems.values():
+        points.sort(key=lambda p: p.offered)
+    return systems
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def table(label: str, points: list[Point]) -> str:
+    """One system's rows."""
+    rows = [
+        f"**{label}**",
+        "",
+        "| offered/s | OK/s | within SLO/s | within SLO | p50 / p99 ms | errors | timeouts | server CPU "
+        "| CPU per OK |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        per = p.cpu_per_request_ms
+        rows.append(
+            f"| {p.offered:.0f} | {p.achieved:.0f} | {p.goodput:.0f} | {p.within_slo:.1%} | "
+            f"{_ms(p.p50_ms)} / {_ms(p.p99_ms)} | {p.errors} | {p.timeouts} | "
+            f"{'-' if p.cpu is None else f'{p.cpu:.2f}'} | {'-' if per is None else f'{per:.2f} ms'} |"
+        )
+    return "\n".join(rows)
+
+
+def overload_summary(label: str, points: list[Point]) -> str:
+    """Peak goodput, and goodput at the measured rates nearest 2x and 4x the rate of that peak."""
+    peak = max(points, key=lambda p: p.goodput)
+
+    def near(multiple: float) -> Point:
+        return min(points, key=lambda p: abs(p.offered - multiple * peak.offered))
+
+    parts = [f"{label}: peak {peak.goodput:.0f}/s within SLO at {peak.offered:.0f} offered"]
+    for multiple in (2, 4):
+        point = near(multiple)
+        if point is not peak:
+            share = point.goodput / peak.goodput if peak.goodput else 0.0
+            parts.append(f"at {point.offered:.0f} offered ({point.offered / peak.offered:.1f}x): {share:.0%}")
+    return "; ".join(parts)
+
+
+def plot(sitting: Path, timeouts: list[str], path: Path) -> None:
+    """Goodput and p99 against offered load, one column per client timeout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, len(timeouts), figsize=(6 * len(timeouts), 8), squeeze=False)
+    for column, timeout in enumerate(timeouts):
+        for label, points in read_points(sitting / f"t{timeout}").items():
+            offered = [p.offered for p in points]
+            axes[0][column].plot(offered, [p.goodput for p in points], marker="o", label=label)
+            axes[1][column].plot(offered, [p.p99_ms or 0.0 for p in points], marker="o", label=label)
+        axes[0][column].set_title(f"client timeout {timeout} s: OK within 50 ms per second")
+        axes[1][column].set_title(f"client timeout {timeout} s: p99 of OK answers (ms)")
+        axes[1][column].set_yscale("log")
+        for row in (0, 1):
+            axes[row][column].set_xlabel("offered req/s (one core for the server)")
+            axes[row][column].legend()
+            axes[row][column].grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sitting", type=Path, help="the folder bench/peer_sitting.sh wrote")
+    parser.add_argument("--plot", type=Path, help="also draw the curves into this PNG")
+    args = parser.parse_args()
+    timeouts = sorted((p.name[1:] for p in args.sitting.glob("t*") if p.is_dir()), key=float, reverse=True)
+    for timeout in timeouts:
+        print(f"## client timeout {timeout} s\n")
+        systems = read_points(args.sitting / f"t{timeout}")
+        for label, points in systems.items():
+            print(table(label, points) + "\n")
+        for label, points in systems.items():
+            print("- " + overload_summary(label, points))
+        print()
+    if args.plot is not None:
+        plot(args.sitting, timeouts, args.plot)
+
+
+if __name__ == "__main__":
+    main()

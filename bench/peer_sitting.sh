@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One sitting of the peer comparison (docs/performance.md): Sluice, PyTriton and the bare grpc.aio echo
+# through the shared harness (../shared/peers: each server pinned to core 0, the load generator to core 1),
+# every rate a fresh start (the harness's sweep stops at the first saturated rate; the overload curves need
+# the points past it), with the harness's 2 s client timeout and with the 50 ms SLO sent as the deadline.
+#   bench/peer_sitting.sh OUT_DIR          then: python -m bench.peer_report OUT_DIR --plot docs/figures/peers.png
+# env: SLUICE_RATES, TRITON_RATES, ECHO_RATES, TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
+#      SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
+#      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset)
+set -euo pipefail
+out=${1:?usage: bench/peer_sitting.sh OUT_DIR}
+project=$(cd "$(dirname "$0")/.." && pwd)
+peers=$(cd "${PEERS:-$project/../shared/peers}" && pwd)
+mkdir -p "$out"
+export DURATION=${DURATION:-15} SLUICE_PROJECT=${SLUICE_PROJECT:-$project}
+door_ms=${DOOR_MS-20}  # empty: leave the router's default (a checkout without the door)
+[[ -n $door_ms ]] && export SLUICE_ROUTER__DOOR_MAX_DELAY_MS=$door_ms
+label=${SLUICE_LABEL:-sluice}
+
+point() {  # point NAME RATE TIMEOUT LABEL
+  local dir="$out/t$3"
+  mkdir -p "$dir"
+  RESULTS_DIR="$dir/$4" TIMEOUT=$3 "$peers/sweep.sh" "$1" "$2" || echo "[sitting] $4 at $2 failed" >&2
+}
+
+for timeout in ${TIMEOUTS:-2 0.05}; do
+  for rate in ${SLUICE_RATES:-300 500 700 1000 1500 2000}; do point sluice "$rate" "$timeout" "$label"; done
+  for rate in ${TRITON_RATES:-300 1000 2000 3000 4000}; do point triton "$rate" "$timeout" triton; done
+  for rate in ${ECHO_RATES:-2000 4000}; do point echo "$rate" "$timeout" echo; done
+done
+echo "[sitting] results under $out"
