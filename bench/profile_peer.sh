@@ -3,6 +3,7 @@
 # etcd pinned to core 0, the peers' load generator on core 1), sampled with py-spy while the load runs.
 #   bench/profile_peer.sh RATE [SECONDS]        e.g. bench/profile_peer.sh 400 10
 # env: PEERS (default ../shared/peers), OUT (default $PEERS_ROOT/profile), SLUICE_ARGS (extra `up` flags),
+#      SLUICE_PROJECT (the checkout to measure, default this one: an older commit's worktree for a before),
 #      NATIVE=1 (also sample native frames: grpc's C core; pauses the processes while sampling)
 # Needs `../shared/peers/setup.sh tools` once and py-spy (a dev dependency: `make install`).
 # Prints the breakdown (bench/cpu_breakdown.py); the raw samples stay in $OUT for flame graphs.
@@ -18,7 +19,7 @@ pyspy=$project/.venv/bin/py-spy
 [[ -x $pyspy ]] || { echo "py-spy not found: run make install" >&2; exit 1; }
 
 cmd=$(peer_start_cmd sluice)
-setsid taskset -c "$SERVER_CPUS" env SLUICE_PROJECT="$project" $cmd >"$out/server.log" 2>&1 &
+setsid taskset -c "$SERVER_CPUS" env SLUICE_PROJECT="${SLUICE_PROJECT:-$project}" $cmd >"$out/server.log" 2>&1 &
 lead=$!
 trap 'stop_session "$lead"' EXIT
 target=$(peer_targets sluice)

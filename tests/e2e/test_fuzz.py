@@ -290,4 +290,6 @@ def test_every_fuzzed_request_ends_with_an_allowed_status(fuzz_cluster: tuple[st
     total = sum(SEEN.values())
     print(f"\nfuzz: {total} requests, statuses {dict(SEEN)}, router RSS {before:.0f} → {after:.0f} MB")
     assert after < RSS_BOUND_MB
-    assert set(SEEN) == {code.name for code in ALLOWED}  # the generator reaches every layer
+    assert {code.name for code in ALLOWED} <= set(SEEN)  # the generator reaches every layer
+    # a short deadline's outcome depends on timing; that each one is allowed is asserted per request above
+    assert set(SEEN) <= {code.name for code in ALLOWED | DEADLINE_BOUND}
