@@ -6,7 +6,8 @@ Definitions (docs/loadgen.md repeats them):
   promised the deadline, so Sluice should have none);
 - rejected: every other outcome, counted by `STATUS/reason` (reason = the `sluice-reason` trailer, `-` when
   absent, e.g. a transport failure); `with_hint` counts those that carried a retry hint;
-- latency: from the moment the request was actually sent to its answer, OK requests only;
+- latency: from the moment the request was actually sent to its answer, OK requests only; rejections get
+  their own percentiles per `STATUS/reason` (how soon a refused client learns it should retry);
 - send lag: actual send time minus scheduled time (how well the generator keeps its schedule);
 - timeline: per second of *scheduled* time, so a request counts in the second it was offered.
 """
@@ -104,6 +105,9 @@ def outcome_counts(records: Sequence[RequestRecord], duration_s: float) -> dict[
         "rejected_by_status": dict(by_status.most_common()),
         "rejected_with_hint": sum(1 for r in rejected if r.hint),
         "rejection_examples": examples,
+        "rejection_latency_ms": {
+            key: percentiles_ms([r.latency_s for r in rejected if _status_key(r) == key]) for key in by_status
+        },
         "latency_ms": percentiles_ms([r.latency_s for r in ok]),
         "cache": {
             outcome: {"count": len(group), "latency_ms": percentiles_ms([r.latency_s for r in group])}
@@ -189,6 +193,8 @@ def format_report(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
              for row in [header, *rows]]  # fmt: skip
+    for key, refused in report["total"]["rejection_latency_ms"].items():
+        lines.append(f"{key} answered after p50 {_ms(refused['p50'])} ms, p99 {_ms(refused['p99'])} ms")
     lag = report["send_lag_ms"]
     lines.append(
         f"send lag p50 {_ms(lag['p50'])} ms, p99 {_ms(lag['p99'])} ms, max {_ms(lag['max'])} ms; "

@@ -114,9 +114,11 @@ def overload_summary(label: str, points: list[Point]) -> str:
         else f"{label}: never 99 % within the SLO",
         f"peak {peak.goodput:.0f}/s within SLO at {peak.offered:.0f} offered",
     ]
+    shown = {base.offered}
     for multiple in (2, 4):
         point = min(points, key=lambda p: abs(p.offered - multiple * base.offered))
-        if point.offered > base.offered:
+        if point.offered not in shown and point.offered > base.offered:
+            shown.add(point.offered)
             share = point.goodput / peak.goodput if peak.goodput else 0.0
             parts.append(
                 f"at {point.offered:.0f} offered ({point.offered / base.offered:.1f}x): {share:.0%} of peak"
@@ -141,7 +143,10 @@ def plot(sitting: Path, timeouts: list[str], path: Path) -> None:
         for label, points in read_points(sitting / f"t{timeout}").items():
             offered = [p.offered for p in points]
             axes[0][column].plot(offered, [p.goodput for p in points], marker="o", label=label)
-            axes[1][column].plot(offered, [p.p99_ms or 0.0 for p in points], marker="o", label=label)
+            answered = [p for p in points if p.p99_ms is not None]  # no OK answer: no p99 to draw
+            axes[1][column].plot(
+                [p.offered for p in answered], [p.p99_ms for p in answered], marker="o", label=label
+            )
         axes[0][column].set_title(f"client timeout {timeout} s: OK within 50 ms per second")
         axes[1][column].set_title(f"client timeout {timeout} s: p99 of OK answers (ms)")
         axes[1][column].set_yscale("log")

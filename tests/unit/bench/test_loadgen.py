@@ -225,7 +225,10 @@ def test_summary_counts_goodput_late_ok_and_rejections() -> None:
         *(record(0, at=i * 0.01, latency=0.1) for i in range(100)),  # gold: 100 OK in time
         *(record(1, at=i * 0.01, latency=0.2) for i in range(50)),  # bronze: 50 OK in time
         *(record(1, at=5.0, latency=0.7) for _ in range(10)),  # bronze: 10 OK but late
-        *(record(1, at=6.0, code="UNAVAILABLE", reason="queue_full", hint=True) for _ in range(30)),
+        *(
+            record(1, at=6.0, code="UNAVAILABLE", reason="queue_full", hint=True, latency=0.003)
+            for _ in range(30)
+        ),
         *(record(1, at=7.0, code="RESOURCE_EXHAUSTED", reason="rate_limited", hint=True) for _ in range(5)),
         record(1, at=9.5, code="DEADLINE_EXCEEDED", latency=0.5),
     ]
@@ -247,10 +250,14 @@ def test_summary_counts_goodput_late_ok_and_rejections() -> None:
         "DEADLINE_EXCEEDED/-": 1,
     }
     assert bronze["rejected_with_hint"] == 35
+    refused = bronze["rejection_latency_ms"]  # how soon each kind of refusal came back
+    assert refused["UNAVAILABLE/queue_full"]["p99"] == pytest.approx(3.0)
+    assert refused["DEADLINE_EXCEEDED/-"]["p50"] == pytest.approx(500.0)
     assert gold["latency_ms"]["p99"] == pytest.approx(100.0)
     assert report["total"]["offered"] == 196 and report["total"]["late_ok"] == 10
     table = format_report(report)
     assert "gold" in table and "UNAVAILABLE/queue_full=30" in table and "late_ok" in table
+    assert "UNAVAILABLE/queue_full answered after p50 3.00 ms, p99 3.00 ms" in table
 
 
 def test_timeline_buckets_by_scheduled_second() -> None:
