@@ -26,6 +26,7 @@ from tests.support.processes import etcd_env, eventually, find_pids
 pytestmark = pytest.mark.integration
 
 Popen = subprocess.Popen[bytes]
+OK = grpc.StatusCode.OK
 STARTUP_POLLS = 600
 """Up to a minute, 0.1 s apart, for both children to register and the worker to serve."""
 
@@ -57,11 +58,30 @@ def routers(etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path) -> 
             os.kill(pid, signal.SIGKILL)
 
 
+def exited(pid: int) -> bool:
+    """Whether every thread of the process has exited (what is left is a zombie its parent has not reaped
+    yet): only then are its files, the listening socket among them, closed, so the kernel no longer hands
+    it new connections. The main thread turns zombie while gRPC's threads are still exiting."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # reaped
+    try:
+        states = [
+            Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks
+        ]
+    except FileNotFoundError:
+        return False  # a thread left while we looked: look again
+    return all(state in ("Z", "X") for state in states)
+
+
 async def answered(port: int, connections: int) -> list[grpc.StatusCode]:
-    """One ModelInfer on each of `connections` separate connections."""
+    """One ModelInfer on each of `connections` separate connections (a local subchannel pool: gRPC would
+    otherwise share one connection among channels to the same address)."""
 
     async def one() -> grpc.StatusCode:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
             try:
                 await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
                     synthetic_request(), timeout=10
@@ -80,15 +100,17 @@ async def test_two_processes_serve_one_port_restart_a_dead_child_and_stop_togeth
     spawn("w1")
     ids = {f"r{port}-0", f"r{port}-1"}
     for _ in range(STARTUP_POLLS):
-        if await registered_routers(etcd_settings) == ids and await answered(port, 1) == [grpc.StatusCode.OK]:
+        if await registered_routers(etcd_settings) == ids and await answered(port, 8) == [OK] * 8:
             break
         await asyncio.sleep(0.1)
     assert await registered_routers(etcd_settings) == ids  # one registration per process
-    assert await answered(port, 16) == [grpc.StatusCode.OK] * 16
+    assert await answered(port, 16) == [OK] * 16
 
     [first] = find_pids("-m cli router", f"--router-id r{port}-0")
     os.kill(first, signal.SIGKILL)
-    assert await answered(port, 8) == [grpc.StatusCode.OK] * 8  # the other child serves meanwhile
+    # a connection the kernel handed to the dying child before it exited fails (UNAVAILABLE, retryable)
+    await eventually(lambda: exited(first), 10, "the killed child to exit")
+    assert await answered(port, 8) == [OK] * 8  # the other child serves meanwhile
     await eventually(lambda: find_pids("-m cli router", f"--router-id r{port}-0") not in ([], [first]), 30,
                      "the dead child to be started again")  # fmt: skip
 
