@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -55,6 +56,8 @@ from router.stores.redis_conn import RedisOptions, open_redis
 from router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
+STOP_STEP_S = 5.0
+"""The longest one step of `RouterServer.stop` may take (the server's own grace comes on top)."""
 
 INFERENCE_DESCRIPTOR = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 BATCH_OVERHEAD_BYTES = 64 * 1024
@@ -251,28 +254,53 @@ class RouterServer:
         return 0 if self._metrics_endpoint is None else self._metrics_endpoint.port
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Deregister, stop accepting, settle every request, close streams (idempotent)."""
+        """Deregister, stop accepting, settle every request, close streams (idempotent).
+
+        Every step runs, each within `STOP_STEP_S` (plus `grace` for the server), even when an earlier one
+        failed: a step that raised (etcd unreachable at the revoke, say) must not leave the gRPC server,
+        its port and the worker streams behind in a process that goes on, as an embedding test session
+        does. The first failure is raised once everything has been released."""
         if self._stopped:
             return
         self._stopped = True
-        await self.health.enter_graceful_shutdown()
-        await self.peers.stop()  # first: it publishes in the registration revoked next
-        if self._registration is not None:
-            await self._registration.revoke()
-        await self.status.stop()
-        await self._queue_probe.stop()
-        if self._server is not None:
-            await self._server.stop(grace)
-        await self.auditor.stop()
-        await self.driver.stop()
-        await self.membership.stop()
-        await self.idempotency.store.close()
-        if self.redis is not None:
-            await self.redis.aclose()
+        steps: list[tuple[str, Callable[[], Awaitable[object]], float]] = [
+            ("health", self.health.enter_graceful_shutdown, STOP_STEP_S),
+            ("peers", self.peers.stop, STOP_STEP_S),  # first: it publishes in the registration revoked next
+            ("registration", self._revoke, STOP_STEP_S),
+            ("status", self.status.stop, STOP_STEP_S),
+            ("queue probe", self._queue_probe.stop, STOP_STEP_S),
+            ("server", lambda: self._stop_server(grace), grace + STOP_STEP_S),
+            ("auditor", self.auditor.stop, STOP_STEP_S),
+            ("driver", self.driver.stop, STOP_STEP_S),
+            ("membership", self.membership.stop, STOP_STEP_S),
+            ("idempotency store", self.idempotency.store.close, STOP_STEP_S),
+            ("redis", self._close_redis, STOP_STEP_S),
+        ]
+        failures: list[BaseException] = []
+        for name, step, limit in steps:
+            try:
+                await asyncio.wait_for(step(), limit)
+            except Exception as exc:  # a timeout too: the next steps still release what they own
+                log.error("router stop: %s failed: %r", name, exc)
+                failures.append(exc)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush()
+        if failures:
+            raise failures[0]
+
+    async def _revoke(self) -> None:
+        if self._registration is not None:
+            await self._registration.revoke()
+
+    async def _stop_server(self, grace: float) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+
+    async def _close_redis(self) -> None:
+        if self.redis is not None:
+            await self.redis.aclose()
 
 
 def _redis_options(config: SluiceConfig) -> RedisOptions:

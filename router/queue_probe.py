@@ -35,6 +35,8 @@ PROBE_EVERY_S = 0.05
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 WATCH_S = 0.005
 """How often an outstanding probe's age is checked against the door's bound."""
+STOP_WAIT_S = 1.0
+"""How long `stop` waits for a cancelled probe call to wind down."""
 PROBE_TIMEOUT_S = 10.0
 """A probe never waits longer; its age already tells the door everything past the bound."""
 
@@ -63,13 +65,14 @@ class QueueProbe:
         self._arm(loop)
 
     async def stop(self) -> None:
-        """Stop probing and remove the socket's folder."""
+        """Stop probing and remove the socket's folder. Waits at most `STOP_WAIT_S` for the probe's call
+        to end (`asyncio.wait`, which neither raises the probe's outcome nor swallows a cancellation of
+        the caller, as awaiting the cancelled task inside `suppress(CancelledError)` would)."""
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=STOP_WAIT_S)
         shutil.rmtree(self._folder, ignore_errors=True)
 
     async def _probe(self, loop: asyncio.AbstractEventLoop) -> None:

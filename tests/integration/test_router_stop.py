@@ -1,0 +1,37 @@
+"""A router whose stop meets a failing step still releases everything else: its client port closes, its
+probe socket's folder goes, and the failure is raised afterwards. (A step that raised once left a gRPC
+server running in the test session, and the next test's teardown hung.)"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import MakeRouter
+
+pytestmark = pytest.mark.integration
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_a_failing_stop_step_still_closes_the_port_and_is_raised(
+    make_router: MakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = await make_router()
+    probe_folder = Path(router._queue_probe.address.removeprefix("unix:")).parent
+    assert accepts(router.port) and probe_folder.exists()
+
+    async def unreachable() -> None:
+        raise ConnectionError("etcd unreachable")
+
+    monkeypatch.setattr(router.peers, "stop", unreachable)
+    with pytest.raises(ConnectionError, match="etcd unreachable"):
+        await router.stop(grace=0.1)
+    assert not accepts(router.port)
+    assert not probe_folder.exists()
