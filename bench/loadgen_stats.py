@@ -91,8 +91,10 @@ def outcome_counts(records: Sequence[RequestRecord], duration_s: float) -> dict[
     rejected = [r for r in records if not r.ok]
     by_status = Counter(_status_key(r) for r in rejected)
     examples: dict[str, str] = {}
+    refused_after: dict[str, list[float]] = {}
     for r in rejected:
         examples.setdefault(_status_key(r), r.detail)
+        refused_after.setdefault(_status_key(r), []).append(r.latency_s)
     return {
         "offered": len(records),
         "offered_rps": len(records) / duration_s,
@@ -105,9 +107,7 @@ def outcome_counts(records: Sequence[RequestRecord], duration_s: float) -> dict[
         "rejected_by_status": dict(by_status.most_common()),
         "rejected_with_hint": sum(1 for r in rejected if r.hint),
         "rejection_examples": examples,
-        "rejection_latency_ms": {
-            key: percentiles_ms([r.latency_s for r in rejected if _status_key(r) == key]) for key in by_status
-        },
+        "rejection_latency_ms": {key: percentiles_ms(seconds) for key, seconds in refused_after.items()},
         "latency_ms": percentiles_ms([r.latency_s for r in ok]),
         "cache": {
             outcome: {"count": len(group), "latency_ms": percentiles_ms([r.latency_s for r in group])}

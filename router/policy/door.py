@@ -8,20 +8,20 @@ server takes them one at a time, a few event-loop turns each) and admission sees
 deadline has gone: every request then costs a full parse, decode and queue visit, and the router serves
 nothing in time (goodput 0 at 1.6x its saturation rate, issue 11).
 
-The door watches how long a call waits before the router's code runs, measured by the router calling
-itself (router/queue_probe.py: a health check over a private socket of the same server, so it waits in the
-same queue). Once that delay has stayed above `max_delay_s` for `sustain_s` (a burst that drains, or the
-standing queue of a closed-loop client with many calls in flight, is served, not refused), the admitted
-fraction of new requests shrinks multiplicatively on a sample above the bound, at most once per measured
-delay (the calls already queued when the door closed still arrive late for about that long: reacting to
-each of their samples closed the door far past the point of relief and halved goodput at 1.4x the router's
-saturation), and grows back additively with every sample below half of it, until all are admitted again
-(AIMD, as TCP does for the same problem: find the rate a shared resource sustains without measuring it
-directly, cutting at most once per round trip). For a few seconds after it has opened fully, a late sample
-closes it again at once. Refusals are
-spread evenly (a credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a
-retry hint. A refusal costs gRPC's per-call work and this check: about a third of serving a request here
-(docs/performance.md), which is what keeps some goodput past the router's own saturation.
+The door watches how long a call waits before the router's code runs, measured by the router calling itself
+(router/queue_probe.py: an empty `ModelInfer` over a private socket of the same server, so it waits in the
+same queue as client inference calls). Once that delay has stayed above `max_delay_s` for `sustain_s` (a burst
+that drains, or the standing queue of a closed-loop client with many calls in flight, is served, not refused),
+the admitted fraction of new requests shrinks multiplicatively on a sample above the bound, at most once per
+measured delay (the calls already queued when the door closed still arrive late for about that long: reacting
+to each of their samples closed the door far past the point of relief and halved goodput at 1.4x the router's
+saturation), and grows back additively with every sample below half of it, until all are admitted again (AIMD,
+as TCP does for the same problem: find the rate a shared resource sustains without measuring it directly,
+cutting at most once per round trip). For a few seconds after it has opened fully, a late sample closes it
+again at once. Refusals are spread evenly (a credit counter, not a coin: the admitted rate is smooth) and
+carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: ~0.3 ms of CPU,
+about a sixth of serving a request here (docs/performance.md), which is what keeps some goodput past the
+router's own saturation.
 
 Pure: delay samples (with their time) come in through `observe`, decisions go out through `admit`; no I/O.
 """
