@@ -5,22 +5,41 @@ is yielded while etcd is unreachable (callers keep serving from their last view,
 answers again the prefix is re-read (yielded if it changed) and re-watched from the read's revision + 1,
 so no event between the read and the watch is lost. aetcd does not reconnect a broken watch, so every
 failure drops the client and opens a fresh one after a bounded backoff.
+
+What etcd holds is a claim written by whoever can write it, not trusted input (docs/security.md). So the
+consumers follow a prefix through `follow_prefix`, which survives anything a value or a consumer does:
+values over `MAX_VALUE_BYTES` never reach the consumer, a consumer that raises is logged (rate-limited) and
+restarted on a fresh snapshot after a backoff, and a `WatchHealth` says at every moment whether the
+consumer is applying what etcd holds, for health and metrics. `decode_json_value` is the one defensive
+JSON reader of such values: any malformed, oversized or absurdly nested value is a `ValueError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aetcd
 import aetcd.exceptions
 
+from common.clock import Clock
 from common.config import EtcdSettings
 from common.etcd import ETCD_ERRORS, WATCH_BACKOFF_S, Backoff, EtcdUnavailable, close_client, open_client
+from common.logs import LogThrottle
 
 logger = logging.getLogger(__name__)
+
+MAX_VALUE_BYTES = 256 * 1024
+"""Largest value under a watched prefix that a consumer is shown (ours are < 16 KiB: a worker record with
+dozens of models); larger ones are skipped and counted, so a writer cannot make every router parse
+megabytes on every change."""
+LOG_INTERVAL_S = 10.0
+"""At most one log line per watch and interval about skipped values or a failing consumer."""
 
 
 class _PrefixSession:
@@ -131,3 +150,72 @@ async def watch_prefix_snapshots(
                 await asyncio.sleep(backoff.delay())
     finally:
         await session.reset()
+
+
+def decode_json_value(raw: bytes, *, what: str) -> object:
+    """Parse one JSON value read from etcd, or raise ValueError saying what is wrong with it.
+
+    Rejects values over `MAX_VALUE_BYTES` and nesting deep enough to exhaust the parser's recursion
+    (100,000 `[` raised RecursionError, which ended the watcher that read it)."""
+    if len(raw) > MAX_VALUE_BYTES:
+        raise ValueError(f"{what}: {len(raw)} bytes, over the {MAX_VALUE_BYTES}-byte limit")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{what}: JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what}: not JSON ({exc})") from None
+
+
+@dataclass
+class WatchHealth:
+    """Whether one followed prefix is being applied: False from a failure of its consumer until a fresh
+    snapshot has been applied again (and before the first one). An etcd outage leaves it as it was: the
+    process keeps serving from its last view (DESIGN.md §6)."""
+
+    name: str
+    running: bool = False
+    restarts: int = 0
+    """How often the consumer raised and was started over."""
+    skipped: int = 0
+    """Values not shown to the consumer (over `MAX_VALUE_BYTES`)."""
+
+
+async def follow_prefix(
+    settings: EtcdSettings,
+    prefix: str,
+    apply: Callable[[dict[str, bytes]], None],
+    health: WatchHealth,
+    clock: Clock,
+) -> None:
+    """Call `apply` with every snapshot of `prefix` (see `watch_prefix_snapshots`) until cancelled.
+
+    Oversized values are left out of the snapshot (counted in `health.skipped`); if `apply` raises, the
+    error is logged at most once per `LOG_INTERVAL_S`, `health.running` turns False, and after a backoff
+    the prefix is read afresh and applied again, so no value and no bug in a consumer ends the watch."""
+    throttle = LogThrottle(logger, LOG_INTERVAL_S, clock)
+    backoff = Backoff(*WATCH_BACKOFF_S)
+    while True:
+        snapshots = watch_prefix_snapshots(settings, prefix)
+        try:
+            async with contextlib.aclosing(snapshots):
+                async for snapshot in snapshots:
+                    apply(_within_limit(snapshot, health, throttle))
+                    health.running = True
+                    backoff.reset()
+        except Exception as exc:
+            health.running = False
+            health.restarts += 1
+            throttle.warning("watch of %s: its consumer failed (%r); starting over", prefix, exc)
+        await asyncio.sleep(backoff.delay())
+
+
+def _within_limit(snapshot: dict[str, bytes], health: WatchHealth, throttle: LogThrottle) -> dict[str, bytes]:
+    kept = {name: raw for name, raw in snapshot.items() if len(raw) <= MAX_VALUE_BYTES}
+    if len(kept) < len(snapshot):
+        health.skipped += len(snapshot) - len(kept)
+        throttle.warning(
+            "watch of %s: skipping %d value(s) over %d bytes",
+            health.name, len(snapshot) - len(kept), MAX_VALUE_BYTES,
+        )  # fmt: skip
+    return kept

@@ -107,11 +107,14 @@ class RouterServer:
             require_api_key=config.admission.require_api_key,
             driver=self.driver,
             metrics=self.metrics,
+            clock=self.clock,
         )
         cluster = ClusterClient(config.cluster)
         if not config.cluster.tls and config.cluster.token_value() is None:
             log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
-        self.membership = Membership(config.etcd, self.driver, self.links, self.catalog, cluster=cluster)
+        self.membership = Membership(
+            config.etcd, self.driver, self.links, self.catalog, cluster=cluster, clock=self.clock
+        )
         self.access = AccessPolicy(
             self.peers.current_directory,
             admin_keys=settings.admin_keys,
@@ -135,6 +138,7 @@ class RouterServer:
             driver=self.driver,
             catalog=self.catalog,
             peers=self.peers,
+            watches=(self.membership.watch, *self.peers.watches),
             cache=self.cache,
             live=self.live,
             metrics=self.metrics,

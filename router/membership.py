@@ -11,21 +11,21 @@ while its record is ready, its stream is up and its reports say READY). Events a
   once;
 - the current stream of a registered worker breaks → `worker_left` (its requests go elsewhere or end
   UNAVAILABLE) and the stream is reopened with backoff; a stale stream that closes changes nothing.
-If etcd is unreachable no snapshot arrives and the router keeps serving from its last view.
+If etcd is unreachable no snapshot arrives and the router keeps serving from its last view. A record that
+cannot be read is skipped (never a half-read worker), and the watch itself survives any value and any
+failure here (`follow_prefix`); `watch` says whether it is being applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
-from pydantic import ValidationError
-
+from common.clock import Clock
 from common.cluster_auth import ClusterClient
 from common.config import EtcdSettings
 from common.etcd import WORKERS
-from common.etcd_watch import watch_prefix_snapshots
+from common.etcd_watch import WatchHealth, follow_prefix
 from common.pb.sluice.v1 import worker_pb2
 from common.records import WorkerRecord
 from router.driver import Driver
@@ -52,8 +52,12 @@ class Membership:
         catalog: ModelCatalog,
         *,
         cluster: ClusterClient,
+        clock: Clock,
     ) -> None:
         self._etcd = etcd
+        self._clock = clock
+        self.watch = WatchHealth("workers")
+        """Whether `workers/` is being applied (router/status.py turns it into health)."""
         self._cluster = cluster
         self._driver = driver
         self._links = links
@@ -92,10 +96,10 @@ class Membership:
                 await link.close()
 
     async def _follow(self) -> None:
-        snapshots = watch_prefix_snapshots(self._etcd, self._etcd.prefix + WORKERS)
-        async with contextlib.aclosing(snapshots):
-            async for snapshot in snapshots:
-                self.apply(self._parse(snapshot))
+        def apply(snapshot: dict[str, bytes]) -> None:
+            self.apply(self._parse(snapshot))
+
+        await follow_prefix(self._etcd, self._etcd.prefix + WORKERS, apply, self.watch, self._clock)
 
     @staticmethod
     def _parse(snapshot: dict[str, bytes]) -> dict[str, WorkerRecord]:
@@ -103,8 +107,8 @@ class Membership:
         for key, raw in snapshot.items():
             try:
                 records[key] = WorkerRecord.from_json(raw)
-            except ValidationError as exc:
-                log.error("ignoring malformed worker record %r: %s", key, exc)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                log.error("ignoring malformed worker record %r: %s", key[:64], str(exc)[:200])
         return records
 
     # -- reconciliation -----------------------------------------------------------------------------------

@@ -54,6 +54,19 @@ class RouterMetrics:
         self.etcd_up = Gauge(
             "sluice_etcd_session_up", "1 while this process's etcd lease is kept alive", registry=r,
         )  # fmt: skip
+        self.watch_up = Gauge(
+            "sluice_router_etcd_watch_up",
+            "1 while the etcd prefix is being applied (0: its consumer failed and is starting over)",
+            ["prefix"], registry=r,
+        )  # fmt: skip
+        self.watch_restarts = Counter(
+            "sluice_router_etcd_watch_restarts", "Times the prefix's consumer failed and was started over",
+            ["prefix"], registry=r,
+        )  # fmt: skip
+        self.watch_skipped = Counter(
+            "sluice_router_etcd_values_skipped", "Values under the prefix skipped as too large to read",
+            ["prefix"], registry=r,
+        )  # fmt: skip
         self.execute = Histogram(
             "sluice_router_execute_seconds", "Forward-pass time of batches, as reported by workers",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,

@@ -13,21 +13,24 @@ demand, in its `routers/<id>` record.
   the core is told so and enforces the equal split over the routers last known, until etcd answers again.
 - A tenant override is a JSON object of TenantSettings fields merged over the tenant's config entry (or a
   whole new tenant); a malformed override is logged and ignored, never applied half-way.
+- Both prefixes are followed through `follow_prefix`: no value (oversized, not JSON, nested to exhaust
+  the parser) and no failure of this module stops following them; `watches` says whether each is being
+  applied, and the router's health depends on it (router/status.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
 
 from pydantic import ValidationError
 
+from common.clock import Clock
 from common.config import EtcdSettings, TenantSettings
 from common.etcd import ROUTERS, TENANTS, LeasedKey
-from common.etcd_watch import watch_prefix_snapshots
+from common.etcd_watch import WatchHealth, decode_json_value, follow_prefix
 from router.driver import Driver
 from router.metrics import RouterMetrics
 from router.policy.demand import NO_DEMAND, Demand
@@ -47,13 +50,13 @@ def merge_overrides(
     merged = dict(configured)
     for name, raw in sorted(overrides.items()):
         try:
-            patch = json.loads(raw)
+            patch = decode_json_value(raw, what=f"tenant override {name!r}")
             if not isinstance(patch, dict):
                 raise TypeError("an override must be a JSON object")
             base = configured[name].model_dump() if name in configured else {}
             merged[name] = TenantSettings.model_validate({**base, **patch})
         except (ValueError, TypeError, ValidationError) as exc:
-            log.error("ignoring tenant override %r from etcd: %s", name, exc)
+            log.error("ignoring tenant override %r from etcd: %s", name[:64], str(exc)[:200])
             kept = (previous or {}).get(name)
             if kept is not None:
                 merged[name] = kept
@@ -71,11 +74,11 @@ def router_record(addr: str, demand: Demand | None) -> bytes:
 def _demand_in(router: str, raw: bytes) -> Demand:
     """The demand a peer's record carries (none if it carries none or cannot be read)."""
     try:
-        record = json.loads(raw)
-    except ValueError as exc:
-        log.warning("router %r published a record that is not JSON (%s): counting no demand", router, exc)
+        record = decode_json_value(raw, what=f"router record {router[:64]!r}")
+        return Demand.from_record(record.get("demand")) if isinstance(record, dict) else NO_DEMAND
+    except (ValueError, TypeError) as exc:
+        log.warning("unreadable router record (%s): counting no demand", str(exc)[:200])
         return NO_DEMAND
-    return Demand.from_record(record.get("demand")) if isinstance(record, dict) else NO_DEMAND
 
 
 class PeerView:
@@ -89,8 +92,10 @@ class PeerView:
         require_api_key: bool,
         driver: Driver,
         metrics: RouterMetrics,
+        clock: Clock,
     ) -> None:
         self._etcd = etcd
+        self._clock = clock
         self._configured = configured
         self._require_key = require_api_key
         self._driver = driver
@@ -107,6 +112,8 @@ class PeerView:
         self.stale = False
         """True while this router cannot reach etcd: shares are the equal split."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.watches = (WatchHealth("routers"), WatchHealth("tenants"))
+        """Whether `routers/` and `tenants/` are being applied (router/status.py turns them into health)."""
 
     def current_directory(self) -> TenantDirectory:
         """The tenant directory in force now (swapped atomically on reload)."""
@@ -116,9 +123,10 @@ class PeerView:
         """Follow both prefixes, and publish this router's demand in its `registration` (a record that
         carries `addr`), in the background."""
         self.router_id = router_id
+        routers, tenants = self.watches
         self._tasks = [
-            asyncio.create_task(self._follow(ROUTERS, self.apply_routers), name="peers-routers"),
-            asyncio.create_task(self._follow(TENANTS, self._apply_tenants), name="peers-tenants"),
+            asyncio.create_task(self._follow(ROUTERS, self.apply_routers, routers), name="peers-routers"),
+            asyncio.create_task(self._follow(TENANTS, self._apply_tenants, tenants), name="peers-tenants"),
             asyncio.create_task(self._publish(registration, addr), name="peers-demand"),
         ]
 
@@ -128,11 +136,10 @@ class PeerView:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _follow(self, folder: str, apply: Callable[[dict[str, bytes]], None]) -> None:
-        snapshots = watch_prefix_snapshots(self._etcd, self._etcd.prefix + folder)
-        async with contextlib.aclosing(snapshots):
-            async for snapshot in snapshots:
-                apply(snapshot)
+    async def _follow(
+        self, folder: str, apply: Callable[[dict[str, bytes]], None], health: WatchHealth
+    ) -> None:
+        await follow_prefix(self._etcd, self._etcd.prefix + folder, apply, health, self._clock)
 
     @property
     def peers(self) -> dict[str, Demand]:

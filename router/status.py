@@ -1,11 +1,15 @@
 """The router's periodic status pass: the watchdog of the decision loop, grpc.health.v1 statuses, queue
-and cache gauges, and the autoscaling signal, refreshed every `REFRESH_S` from the policy core's state."""
+and cache gauges, and the autoscaling signal, refreshed every `REFRESH_S` from the policy core's state.
+
+Health is SERVING only while the decision loop runs, a worker accepts batches and every etcd watch
+(`workers/`, `routers/`, `tenants/`) is being applied: a router whose consumer of `tenants/` keeps failing
+would go on honouring revoked keys, so it must leave the Service rather than serve."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
@@ -13,6 +17,7 @@ from grpc_health.v1._async import HealthServicer
 from common.clock import Clock
 from common.config import AutoscaleSettings
 from common.errors import Unavailable
+from common.etcd_watch import WatchHealth
 from common.pb.inference import grpc_service_pb2
 from router.cache_gate import CacheGate
 from router.driver import Driver
@@ -43,6 +48,7 @@ class StatusLoop:
         driver: Driver,
         catalog: ModelCatalog,
         peers: PeerView,
+        watches: Sequence[WatchHealth],
         cache: CacheGate,
         live: LiveStats,
         metrics: RouterMetrics,
@@ -55,6 +61,9 @@ class StatusLoop:
         self._driver = driver
         self._catalog = catalog
         self._peers = peers
+        self._watches = tuple(watches)
+        self._exported_watch: dict[str, tuple[int, int]] = {}
+        """Each watch's (restarts, skipped) as last added to the counters."""
         self._cache = cache
         self._live = live
         self._metrics = metrics
@@ -87,6 +96,7 @@ class StatusLoop:
             now = self._clock.now()
             try:
                 self._watch_core(now)
+                self._export_watches()
                 await self._set_health()
                 self._export_queues(now)
                 self._export_cache()
@@ -114,14 +124,25 @@ class StatusLoop:
             )
         )
 
+    def _export_watches(self) -> None:
+        for watch in self._watches:
+            restarts, skipped = self._exported_watch.get(watch.name, (0, 0))
+            self._metrics.watch_up.labels(watch.name).set(1 if watch.running else 0)
+            self._metrics.watch_restarts.labels(watch.name).inc(watch.restarts - restarts)
+            self._metrics.watch_skipped.labels(watch.name).inc(watch.skipped - skipped)
+            self._exported_watch[watch.name] = (watch.restarts, watch.skipped)
+
     async def _set_health(self) -> None:
         core = self._driver.core
-        ready = not self.core_stuck and any(w.accepting for w in core.workers)
+        watching = all(watch.running for watch in self._watches)
+        ready = not self.core_stuck and watching and any(w.accepting for w in core.workers)
         for service in ("", INFERENCE_SERVICE):
             await self._health.set(service, SERVING if ready else NOT_SERVING)
         for name in self._catalog.names():
-            model_ready = not self.core_stuck and any(
-                core.serves(name, v) for v in self._catalog.versions(name)
+            model_ready = (
+                not self.core_stuck
+                and watching
+                and any(core.serves(name, v) for v in self._catalog.versions(name))
             )
             await self._health.set(f"model/{name}", SERVING if model_ready else NOT_SERVING)
 

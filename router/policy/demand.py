@@ -98,8 +98,13 @@ NO_DEMAND = Demand()
 
 
 def _sane(value: object) -> TypeGuard[int | float]:
-    """A finite, non-negative number (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+    """A finite, non-negative number (not a bool; an integer too large for a float is not sane)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return 0 <= float(value) < math.inf
+    except OverflowError:
+        return False
 
 
 def _rounded(rate: float) -> float:

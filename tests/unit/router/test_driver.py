@@ -4,7 +4,7 @@ dispatch, a hung worker is treated as lost, and a dead decision loop is noticed 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from common.config import (
     TenantSettings,
 )
 from common.errors import Code, SluiceError
+from common.etcd_watch import WatchHealth
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
@@ -271,21 +272,20 @@ async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLi
         await driver.stop()
 
 
-async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
-    links: WorkerLinks,
-) -> None:
-    clock = MonotonicClock()
-    driver = make_driver(links, batcher=_DeadlyBatcher(clock.now() + 0.2))
+def status_loop(
+    driver: Driver, health: HealthServicer, clock: MonotonicClock, watches: tuple[WatchHealth, ...] = ()
+) -> StatusLoop:
+    """The router's status pass over `driver`, with no etcd behind it."""
     metrics = RouterMetrics()
     tenants = {TENANT.name: TENANT.settings}
-    links.add(FakeLink("w1", driver))
-    join(driver, "w1")
-    health = HealthServicer()
     store = ResultCacheStore(capacity_bytes=1024, ttl_s=1.0, clock=clock)
-    status = StatusLoop(
+    return StatusLoop(
         driver=driver,
         catalog=ModelCatalog(),
-        peers=PeerView(EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics),
+        peers=PeerView(
+            EtcdSettings(), tenants, require_api_key=False, driver=driver, metrics=metrics, clock=clock
+        ),
+        watches=watches,
         cache=CacheGate(store, CacheSettings(), metrics),
         live=LiveStats(),
         metrics=metrics,
@@ -295,13 +295,61 @@ async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_ser
         etcd_connected=lambda: False,
         clock=clock,
     )
+
+
+async def overall_health(health: HealthServicer) -> int:
+    check = await health.Check(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
+    return int(check.status)
+
+
+async def test_the_watchdog_fails_what_a_dead_loop_held_and_turns_health_not_serving(
+    links: WorkerLinks,
+) -> None:
+    clock = MonotonicClock()
+    driver = make_driver(links, batcher=_DeadlyBatcher(clock.now() + 0.2))
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    health = HealthServicer()
+    status = status_loop(driver, health, clock)
     driver.start()
     status.start()
     try:
         assert await infer(driver) == Code.UNAVAILABLE  # failed by the watchdog, not left hanging
         assert status.core_stuck and not driver.healthy(clock.now())
-        check = await health.Check(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
-        assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await overall_health(health) == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         await status.stop()
         await driver.stop()
+
+
+async def test_an_etcd_watch_not_being_applied_turns_health_not_serving_until_it_is_again(
+    links: WorkerLinks,
+) -> None:
+    """A router whose `tenants/` consumer keeps failing would honour revoked keys: it must not serve."""
+    clock = MonotonicClock()
+    driver = make_driver(links)
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    health = HealthServicer()
+    tenants = WatchHealth("tenants", running=True)
+    status = status_loop(driver, health, clock, (WatchHealth("workers", running=True), tenants))
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    driver.start()
+    status.start()
+    try:
+        await eventually_async(lambda: overall_health(health), serving)
+        tenants.running = False
+        await eventually_async(lambda: overall_health(health), not_serving)
+        tenants.running = True
+        await eventually_async(lambda: overall_health(health), serving)
+    finally:
+        await status.stop()
+        await driver.stop()
+
+
+async def eventually_async(read: Callable[[], Awaitable[int]], expected: int, within_s: float = 5.0) -> None:
+    """Until `read()` returns `expected`, for at most `within_s` (the status pass runs every 0.2 s)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while (value := await read()) != expected:
+        assert asyncio.get_running_loop().time() < deadline, f"still {value}, expected {expected}"
+        await asyncio.sleep(0.05)

@@ -10,9 +10,10 @@ import pytest
 
 from common.clock import FakeClock
 from common.config import AdmissionSettings, EtcdSettings, RouterSettings, TenantSettings
+from common.etcd_watch import MAX_VALUE_BYTES, decode_json_value
 from router.driver import Driver
 from router.metrics import RouterMetrics
-from router.peers import PeerView, router_record
+from router.peers import PeerView, merge_overrides, router_record
 from router.policy.core import RouterCore
 from router.policy.demand import Demand
 from router.worker_link import WorkerLinks
@@ -24,7 +25,9 @@ def peer_view() -> tuple[PeerView, Driver]:
     clock = FakeClock(0.0)
     core = RouterCore(0.0, settings=RouterSettings(), admission=AdmissionSettings(), tenants=TENANTS)
     driver = Driver(clock, core, WorkerLinks(), RouterMetrics())
-    view = PeerView(EtcdSettings(), TENANTS, require_api_key=False, driver=driver, metrics=RouterMetrics())
+    view = PeerView(
+        EtcdSettings(), TENANTS, require_api_key=False, driver=driver, metrics=RouterMetrics(), clock=clock
+    )
     view.router_id = "me"  # what start() sets (it also opens the etcd watches)
     return view, driver
 
@@ -70,3 +73,37 @@ def test_while_stale_the_view_is_kept_but_not_applied() -> None:
     assert limiter.rate_share("t") == pytest.approx(30)  # not applied while stale ...
     driver.set_peers(view.peers)  # ... but kept, for when etcd answers again
     assert limiter.rate_share("t") == pytest.approx(60 * 0.1 / 3)
+
+
+def test_records_that_would_exhaust_the_parser_or_overflow_a_float_count_as_no_demand() -> None:
+    view, _ = peer_view()
+    busy = router_record("h:1", Demand({"t": 150.0}, 150.0))
+    huge = b'{"addr": "h:2", "demand": {"tenants": {"t": 1' + b"0" * 400 + b'}, "total": 5}}'
+    view.apply_routers({"busy": busy, "deep": b"[" * 100_000, "huge": huge})
+    assert view.routers == 4
+    assert view.peers["deep"] == Demand()
+    assert view.peers["huge"] == Demand({}, 5.0)  # the absurd rate is dropped, the sane total kept
+    assert view.peers["busy"] == Demand({"t": 150.0}, 150.0)
+
+
+def test_a_tenant_override_that_would_exhaust_the_parser_is_ignored_and_the_rest_apply() -> None:
+    configured = {"t": TenantSettings(rate=60, burst=10, max_inflight=10)}
+    previous = merge_overrides(configured, {"t": b'{"rate": 5}'})
+    merged = merge_overrides(configured, {"t": b'{"rate": 5}', "zzz": b"[" * 100_000}, previous)
+    assert merged["t"].rate == 5 and "zzz" not in merged
+    kept = merge_overrides(configured, {"t": b'{"rate": ' + b"[" * 100_000}, previous)
+    assert kept["t"].rate == 5  # an unreadable override keeps what was in force, never half-applied
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"[" * 100_000, "nested too deeply"),
+        (b"{not json", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b" " * (MAX_VALUE_BYTES + 1), "limit"),
+    ],
+)
+def test_the_etcd_value_reader_turns_every_bad_value_into_a_value_error(raw: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        decode_json_value(raw, what="a value")
