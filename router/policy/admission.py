@@ -3,10 +3,13 @@
 Checks, in order (each failure is explicit, typed and carries the right retry semantics, DESIGN.md §5):
 1. quotas — this router's share of the tenant's in-flight cap, the tenant's token bucket, the global
    bucket → RESOURCE_EXHAUSTED with the time until a token (or a slot) frees up;
-2. the deadline budget — the request's remaining time must cover the estimated execution of its batch
-   (learned online, times `estimate_margin`). Not even an idle system could make it → INVALID_ARGUMENT
-   (never retry as is); only the current queue makes it impossible → UNAVAILABLE with the estimated
-   queue drain time as the hint;
+2. the deadline budget — terminal only when no load could meet it: the whole budget the client gave
+   (deadline - arrival) below the model's best-case time for its rows (estimators.py `BestCase`: the
+   fastest seen, no margin) → INVALID_ARGUMENT `deadline_too_short` (never retry as is). Anything else
+   that makes it infeasible now is the current state's doing, so retryable → UNAVAILABLE
+   `deadline_unmeetable_now`: what is left (deadline - now, after the router's own delays) below the
+   learned execution estimate times `estimate_margin` (an estimate load inflates), hint the larger of the
+   queue wait and that estimate; or below the estimate plus the queue wait, hint the queue wait;
 3. queue bounds, in the core's queues — evict less important work or refuse (UNAVAILABLE, drain-time
    hint).
 An admitted request gets its `latest_start` = deadline - estimated execution time (minus one full batch
@@ -180,14 +183,27 @@ class AdmissionController:
     def _check_deadline(
         self, request: QueuedRequest, execution: float, now: float, view: QueueView, limits: LaneLimits
     ) -> None:
-        budget = request.deadline - now
-        if budget < execution:
+        """Refuse a deadline no load could meet (terminal), or one the current state cannot (retryable)."""
+        key = request.lane
+        given = request.deadline - request.arrival
+        best = view.estimates.best_case_seconds(key.model, key.version, request.rows)
+        if given < best:
             raise InvalidArgument(
-                f"deadline of {budget * 1000:.1f} ms is shorter than the model's minimum service time "
-                f"(~{execution * 1000:.1f} ms for {request.rows} row(s))",
+                f"deadline of {given * 1000:.1f} ms is shorter than the model's best-case service time "
+                f"(~{best * 1000:.1f} ms for {request.rows} row(s)): no load could meet it",
                 reason="deadline_too_short",
             )
+        budget = request.deadline - now
         wait = self.queue_wait_seconds(request, view, limits)
+        if budget < execution:
+            spent = now - request.arrival
+            raise Unavailable(
+                f"{budget * 1000:.1f} ms left of a {given * 1000:.1f} ms deadline "
+                f"({spent * 1000:.1f} ms spent in the router) cannot cover ~{execution * 1000:.1f} ms "
+                f"execution at the current load (best case ~{best * 1000:.1f} ms)",
+                reason="deadline_unmeetable_now",
+                retry_after_s=max(wait, execution),
+            )
         if budget < execution + wait:
             raise Unavailable(
                 f"deadline of {budget * 1000:.1f} ms cannot be met at the current load "

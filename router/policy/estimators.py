@@ -7,10 +7,15 @@ least-squares fit so the estimate follows drift (a GPU warming up, a noisy neigh
 batches. Until enough distinct batch sizes were seen, the fit is seeded from the worker's warm-up timings.
 Estimates are conservative where it matters: `a` and `b` never go negative, and admission multiplies by a
 margin (config `admission.estimate_margin`).
+
+Beside the fit, each model version keeps a best-case floor (`BestCase`): the fastest its batches have gone,
+at warm-up or live, never inflated by load and never decayed. Admission answers INVALID_ARGUMENT only to a
+deadline below it (docs/admission.md, "Refusals: terminal or retryable").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +95,46 @@ class LatencyModel:
         return a + b * rows
 
 
+MAX_ANCHORS = 64
+"""Batch sizes a best-case floor keeps (warm-up sizes come from worker records in etcd: bound them)."""
+
+
+@dataclass
+class BestCase:
+    """The fastest a model version has run a batch, as a floor no load can beat.
+
+    It keeps, for a few anchor sizes m (size 1 and the warm-up sizes), the lowest time seen for a batch of
+    at least m rows: a batch of n ≥ m rows that took s seconds shows t(m) ≤ s. A request of `rows` cannot
+    run faster than the best of any anchor m ≤ rows, assuming more rows never run faster, so its floor is
+    the largest of those. It errs low (a lucky batch, a small anchor under a large request), never high
+    from load: slow batches never raise it, and nothing decays it.
+    Invariant: `lowest[m]` ≤ every time seen for a batch of ≥ m rows since m became an anchor.
+    """
+
+    lowest: dict[int, float] = field(default_factory=lambda: {1: math.inf})
+
+    def anchor(self, rows: int, seconds: float) -> None:
+        """A warm-up timing: `rows` becomes an anchor (a bounded number of them) at most `seconds`."""
+        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        if rows not in self.lowest and len(self.lowest) >= MAX_ANCHORS:
+            return
+        self.lowest[rows] = min(self.lowest.get(rows, math.inf), seconds)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A batch of `rows` took `seconds`: every anchor up to `rows` is at most that."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        for size, lowest in self.lowest.items():
+            if size <= rows and seconds < lowest:
+                self.lowest[size] = seconds
+
+    def seconds(self, rows: int) -> float:
+        """The best-case time of a batch of `rows`; 0.0 while nothing is known about so few rows."""
+        known = [s for size, s in self.lowest.items() if size <= rows and math.isfinite(s)]
+        return max(known, default=0.0)
+
+
 WORKER_FIT_AFTER = 5
 """Reports a fit needs before it replaces a more general one (worker+shape → shape → model)."""
 Shape = tuple[tuple[str, tuple[int, ...]], ...]
@@ -104,10 +149,15 @@ class ServiceEstimates:
         self._shapes: dict[tuple[str, str, Shape], LatencyModel] = {}
         self._workers: dict[tuple[str, str, Shape, str], LatencyModel] = {}
         self._priors: dict[tuple[str, str], dict[int, float]] = {}
+        self._best: dict[tuple[str, str], BestCase] = {}
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
-        """Seed a version that has no observations yet from its warm-up timings (batch size → seconds)."""
+        """Seed a version that has no observations yet from its warm-up timings (batch size → seconds);
+        every worker's warm-up lowers the version's best-case floor, measured or not."""
         key = (model, version)
+        best = self._best.setdefault(key, BestCase())
+        for rows, seconds in warmup.items():
+            best.anchor(rows, seconds)
         if key in self._models and self._models[key].observations:
             return
         fit = LatencyModel()
@@ -120,6 +170,7 @@ class ServiceEstimates:
         self, model: str, version: str, rows: int, seconds: float, worker: str = "", *, shape: Shape = ()
     ) -> None:
         """A worker reported a batch (of the lane with this shape signature)."""
+        self._best.setdefault((model, version), BestCase()).observe(rows, seconds)
         self._fit(self._models, (model, version), model, version).observe(rows, seconds)
         if shape:
             self._fit(self._shapes, (model, version, shape), model, version).observe(rows, seconds)
@@ -149,6 +200,12 @@ class ServiceEstimates:
                 return fit.predict(rows)
         fit = self._models.get((model, version))
         return DEFAULT_SECONDS if fit is None else fit.predict(rows)
+
+    def best_case_seconds(self, model: str, version: str, rows: int) -> float:
+        """What no load can beat for a batch of `rows` (`BestCase`), across workers and lane shapes (a
+        short-input bucket's time is a floor for a long one); 0.0 for a version never timed."""
+        best = self._best.get((model, version))
+        return 0.0 if best is None else best.seconds(rows)
 
     def forget_worker(self, worker: str) -> None:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""

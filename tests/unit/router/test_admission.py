@@ -1,13 +1,20 @@
-"""Admission through the router core, under a fake clock: deadline budgets, classification, bounds with
-eviction, early removal, cancellation, the unbounded baseline."""
+"""Admission through the router core, under a fake clock: deadline budgets, classification (terminal only
+below the best case, retryable when the current state is to blame), bounds with eviction, early removal,
+cancellation, the unbounded baseline."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.config import AdmissionSettings
-from router.policy.lanes import LaneLimits
+from common.errors import SluiceError
+from router.policy.core import RouterCore
+from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from router.policy.outcomes import Decision
 from tests.unit.router.core_support import LIMITS, join, make_core, occupy, outcomes, request
+
+WARMUP = {1: 0.011, 4: 0.014}
+"""Warm-up timings of m:1, the same profile make_core's estimates learned: best case t(1) = 11 ms."""
 
 
 def test_latest_start_budgets_for_a_full_batch_and_one_batch_ahead_on_the_worker() -> None:
@@ -21,12 +28,74 @@ def test_latest_start_budgets_for_a_full_batch_and_one_batch_ahead_on_the_worker
     assert tight.latest_start == pytest.approx(0.020 - 0.011)
 
 
-def test_deadline_below_minimum_service_time_is_invalid_argument() -> None:
+def refusal(decision: Decision, request: QueuedRequest) -> SluiceError:
+    """The typed error `request` was refused with (the decision settles nothing else)."""
+    [settled] = decision.settled
+    assert settled.request is request and isinstance(settled.outcome, SluiceError)
+    return settled.outcome
+
+
+def join_warmed(core: RouterCore, worker_id: str = "w") -> None:
+    """A worker of m:1 joins with its warm-up timings (they set the best-case floor)."""
+    core.worker_registered(0.0, worker_id, {("m", "1"): WARMUP}, 2, True)
+    core.worker_connected(0.0, worker_id, True)
+
+
+def test_deadline_below_best_case_is_terminal_and_names_the_limit() -> None:
     core = make_core()
-    join(core, "w")
-    too_short = request(0.0, timeout=0.005)
-    expected = {too_short.request_id: "INVALID_ARGUMENT/deadline_too_short"}
-    assert outcomes(core.arrive(0.0, too_short, LIMITS)) == expected
+    join_warmed(core)
+    too_short = request(0.0, timeout=0.010)  # idle system, best case 11 ms for one row
+    error = refusal(core.arrive(0.0, too_short, LIMITS), too_short)
+    assert (error.code.name, error.reason) == ("INVALID_ARGUMENT", "deadline_too_short")
+    assert not error.retryable and error.retry_after_s is None
+    assert "10.0 ms" in error.message and "best-case service time (~11.0 ms for 1 row(s))" in error.message
+    assert core.admission.limiter.inflight["bronze"] == 0  # refused: its quota slot came back
+
+
+def test_deadline_spent_waiting_in_the_router_is_retryable() -> None:
+    core = make_core()
+    join_warmed(core)
+    late = request(0.0, timeout=0.050)  # the client allowed 50 ms: well above the 11 ms best case
+    error = refusal(core.arrive(0.045, late, LIMITS), late)  # but it reached admission with 5 ms left
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
+    assert error.retryable and error.retry_after_s == pytest.approx(0.011)  # one estimated batch
+    assert "45.0 ms spent in the router" in error.message
+
+
+def test_load_inflated_estimates_refuse_retryably_but_below_best_case_stays_terminal() -> None:
+    core = make_core()
+    join_warmed(core)
+    for _ in range(100):  # under load the batches now take ~80 ms: the learned t(n) follows
+        for rows in (1, 4):
+            core.estimates.observe("m", "1", rows, 0.079 + 0.001 * rows)
+    assert core.estimates.batch_seconds("m", "1", 1) == pytest.approx(0.080, rel=0.01)
+    fits_best_case = request(0.0, timeout=0.050)
+    error = refusal(core.arrive(0.0, fits_best_case, LIMITS), fits_best_case)
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
+    assert error.retryable and error.retry_after_s == pytest.approx(0.080, rel=0.01)
+    below_best_case = request(0.0, timeout=0.010)
+    error = refusal(core.arrive(0.0, below_best_case, LIMITS), below_best_case)
+    assert (error.code.name, error.reason) == ("INVALID_ARGUMENT", "deadline_too_short")
+    assert not error.retryable
+
+
+def test_the_safety_margin_alone_never_makes_a_refusal_terminal() -> None:
+    core = make_core(admission=AdmissionSettings(estimate_margin=1.5, lane_max_queued=4))
+    join_warmed(core)
+    tight = request(0.0, timeout=0.015)  # above the 11 ms best case, below t(1) x margin = 16.5 ms
+    error = refusal(core.arrive(0.0, tight, LIMITS), tight)
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
+    assert error.retryable and error.retry_after_s == pytest.approx(0.0165)
+
+
+def test_a_version_never_timed_has_no_floor_so_nothing_is_terminal() -> None:
+    core = make_core()
+    core.worker_registered(0.0, "w", {("n", "1"): {}}, 2, True)
+    core.worker_connected(0.0, "w", True)
+    unknown = request(0.0, timeout=0.001, lane=LaneKey("n", "1"))  # below the 5 ms prior, but unmeasured
+    error = refusal(core.arrive(0.0, unknown, LIMITS), unknown)
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
+    assert error.retryable and error.retry_after_s
 
 
 def test_deadline_infeasible_only_because_of_load_is_unavailable_with_drain_hint() -> None:
@@ -36,9 +105,10 @@ def test_deadline_infeasible_only_because_of_load_is_unavailable_with_drain_hint
         core.arrive(0.0, request(0.0, timeout=10.0, priority=1, tenant="gold"), LIMITS)
     hopeless = request(0.0, timeout=0.020, priority=1, tenant="gold")
     decision = core.arrive(0.0, hopeless, LIMITS)
-    assert outcomes(decision) == {hopeless.request_id: "UNAVAILABLE/deadline_unmeetable_now"}
-    hint = decision.settled[0].outcome.retry_after_s  # type: ignore[union-attr]
-    assert hint == pytest.approx(0.014 + 0.014, rel=0.01)  # one batch queued + one running
+    error = refusal(decision, hopeless)
+    assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
+    assert error.retryable
+    assert error.retry_after_s == pytest.approx(0.014 + 0.014, rel=0.01)  # one batch queued + one running
 
 
 def test_full_lane_evicts_lower_priority_newest_first_and_refuses_equals() -> None:
