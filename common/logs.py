@@ -21,6 +21,17 @@ from common.clock import Clock
 REQUEST_ID: ContextVar[str] = ContextVar("sluice_request_id", default="")
 """The id of the request being served in this task (the client's `id`, or its trace id)."""
 
+MAX_LOGGED_ID = 128
+"""Longest client-chosen id a log line carries (a 20,000-character id made every line of its request
+21 KB long)."""
+
+
+def loggable_id(value: str) -> str:
+    """A client-chosen id as logs may carry it: at most `MAX_LOGGED_ID` characters, escaped to printable
+    ASCII (no line breaks or control characters a client could forge lines with), a cut one ending "…"."""
+    shown = value[:MAX_LOGGED_ID].encode("unicode_escape").decode("ascii")
+    return shown + ("…" if len(value) > MAX_LOGGED_ID else "")
+
 
 class JsonFormatter(logging.Formatter):
     """`{"ts", "level", "logger", "msg", "request_id", "trace_id", "span_id", "component", "exc"}`."""
@@ -78,11 +89,19 @@ class LogThrottle:
     def warning(self, message: str, *args: object) -> bool:
         """Log `message % args` (plus the count suppressed since the last line) unless one was logged less
         than an interval ago; whether it was logged."""
+        return self._log(logging.WARNING, message, args, with_traceback=False)
+
+    def exception(self, message: str, *args: object) -> bool:
+        """As `warning`, at ERROR and with the exception being handled (its traceback), for unexpected
+        failures a client can trigger at will."""
+        return self._log(logging.ERROR, message, args, with_traceback=True)
+
+    def _log(self, level: int, message: str, args: tuple[object, ...], *, with_traceback: bool) -> bool:
         now = self._clock.now()
         if now - self._last < self._interval_s:
             self._suppressed += 1
             return False
         suffix = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        self._logger.warning(message + suffix, *args)
+        self._logger.log(level, message + suffix, *args, exc_info=with_traceback)
         self._last, self._suppressed = now, 0
         return True

@@ -70,14 +70,36 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
     raise InvalidArgument(f"numpy dtype {dtype} has no protocol datatype", reason="bad_datatype")
 
 
+MAX_SHAPE_SPAN = 2**32
+"""Bound on the product of a shape's dims, zeros counted as one. No tensor a message can carry comes near
+it, and numpy refuses shapes past its own bound even when they hold no element: `[1, 3, 0, 2**61]` with an
+empty buffer raised ValueError inside numpy, an INTERNAL with a logged traceback per request."""
+
+
 def element_count(shape: Sequence[int], *, tensor: str) -> int:
-    """Number of elements of a fully specified shape; negative dims are an error."""
-    count = 1
+    """Number of elements of a fully specified shape; negative dims, and dims whose product (zeros counted
+    as one) exceeds `MAX_SHAPE_SPAN`, are an error."""
+    count, span = 1, 1
     for dim in shape:
         if dim < 0:
-            raise InvalidArgument(f"tensor {tensor!r}: shape {list(shape)} has a negative dimension")
+            raise InvalidArgument(
+                f"tensor {tensor!r}: shape {shown_shape(shape)} has a negative dimension", reason="bad_shape"
+            )
         count *= dim
+        span *= max(dim, 1)
+        if span > MAX_SHAPE_SPAN:
+            raise InvalidArgument(
+                f"tensor {tensor!r}: shape {shown_shape(shape)} spans more than {MAX_SHAPE_SPAN} elements",
+                reason="bad_shape",
+            )
     return count
+
+
+def shown_shape(shape: Sequence[int]) -> str:
+    """A shape for an error message, cut short: a hostile shape can have millions of dims."""
+    if len(shape) <= 8:
+        return str(list(shape))
+    return f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
 
 
 def from_raw(name: str, datatype: str, shape: Sequence[int], data: bytes) -> npt.NDArray[Any]:
@@ -87,7 +109,7 @@ def from_raw(name: str, datatype: str, shape: Sequence[int], data: bytes) -> npt
     expected = count * dtype.itemsize
     if len(data) != expected:
         raise InvalidArgument(
-            f"tensor {name!r}: {datatype}{list(shape)} needs {expected} bytes, got {len(data)}",
+            f"tensor {name!r}: {datatype}{shown_shape(shape)} needs {expected} bytes, got {len(data)}",
             reason="bad_size",
         )
     return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
@@ -105,7 +127,7 @@ def from_values(
     given = 0 if values is None else len(values)
     if given != count:
         raise InvalidArgument(
-            f"tensor {name!r}: {datatype}{list(shape)} needs {count} values, got {given}",
+            f"tensor {name!r}: {datatype}{shown_shape(shape)} needs {count} values, got {given}",
             reason="bad_size",
         )
     try:

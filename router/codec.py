@@ -23,7 +23,7 @@ from common.buckets import bucketed, padded_cost
 from common.errors import InvalidArgument
 from common.pb.sluice.v1 import worker_pb2
 from common.records import ModelRecord, TensorSpec
-from common.tensors import dtype_of, from_raw, from_values
+from common.tensors import dtype_of, from_raw, from_values, shown_shape
 from router.calls import InferCall, InputTensor, ServedBy, Tensor
 from router.policy.cache_keys import ParamValue, TensorLike
 from router.policy.lanes import LaneKey
@@ -135,15 +135,14 @@ def timeout_parameter(parameters: Mapping[str, ParamValue | None], max_timeout_s
     return value * MICROSECONDS
 
 
-def _shown(shape: list[int]) -> str:
-    """A shape for an error message, cut short: a hostile shape can have millions of dims."""
-    return str(shape) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
+def _dims(spec: TensorSpec) -> str:
+    return ", ".join(map(str, spec.dims))
 
 
 def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int:
     if len(shape) != len(spec.dims) + 1:
         raise InvalidArgument(
-            f"input {spec.name!r}: shape {_shown(shape)} must be [batch, {', '.join(map(str, spec.dims))}]",
+            f"input {spec.name!r}: shape {shown_shape(shape)} must be [batch, {_dims(spec)}]",
             reason="bad_shape",
         )
     rows = shape[0]
@@ -155,7 +154,7 @@ def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int
     for want, got in zip(spec.dims, shape[1:], strict=True):
         if (want >= 0 and got != want) or got < 0:
             raise InvalidArgument(
-                f"input {spec.name!r}: shape {shape} does not match [-1, {', '.join(map(str, spec.dims))}]",
+                f"input {spec.name!r}: shape {shown_shape(shape)} does not match [-1, {_dims(spec)}]",
                 reason="bad_shape",
             )
     return rows

@@ -1,10 +1,11 @@
 """The transport-agnostic data plane: one inference call from its API key to its result.
 
 `DataPlane.infer(InferCall) -> InferResult` runs every step in this order (docs/architecture.md):
-authenticate the key → hold the body's bytes → priority → resolve the version → authorize → validate and
-make inputs canonical (`router/codec.py`) → hold the decoded inputs and twice the expected response →
-set the deadline → idempotency (claim, wait or replay) → the result cache (hit, or one execution per set
-of identical misses) → the driver → store the outcome → never OK after the deadline set here.
+authenticate the key → hold the body's bytes → priority → authorize the model name → resolve the
+version → validate and make inputs canonical (`router/codec.py`) → hold the decoded inputs and twice the
+expected response → set the deadline → idempotency (claim, wait or replay) → the result cache (hit, or one
+execution per set of identical misses) → the driver → store the outcome → never OK after the deadline set
+here.
 
 A transport only converts its messages to and from `router/calls.py` objects and maps a `SluiceError` to
 its status (`router/servicer.py` for KServe v2 gRPC); an HTTP/REST transport of the same protocol would
@@ -33,7 +34,7 @@ from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 from common.clock import Clock
 from common.config import RouterSettings
 from common.errors import Code, DeadlineExceeded, Internal, SluiceError
-from common.logs import REQUEST_ID
+from common.logs import MAX_LOGGED_ID, REQUEST_ID, LogThrottle, loggable_id
 from common.records import ModelRecord
 from router.cache_gate import CacheGate
 from router.calls import CacheOutcome, InferCall, InferResult
@@ -57,6 +58,8 @@ from router.policy.core import deadline_for, version_to_serve
 from router.policy.tenants import Tenant, TenantDirectory
 
 log = logging.getLogger(__name__)
+
+BUG_LOG_INTERVAL_S = 5.0
 
 
 class Backend(Executor, Protocol):
@@ -148,6 +151,8 @@ class DataPlane:
         self._bytes = inflight_bytes
         self._tracer = tracer or NoOpTracer()
         self._limits = DecodeLimits(settings.max_timeout_s, settings.max_message_bytes)
+        self._bugs = LogThrottle(log, BUG_LOG_INTERVAL_S, clock)
+        """Unexpected failures a client may be able to trigger at will: one traceback per interval."""
 
     # -- model and server queries --------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -173,11 +178,12 @@ class DataPlane:
     # -- inference -----------------------------------------------------------------------------------------
     async def infer(self, call: InferCall) -> InferResult:
         """One traced call (the span's parent is the caller's trace context, if any); raises SluiceError."""
-        attributes = {"sluice.model": call.model_name, "sluice.request_id": call.id}
+        request_id = loggable_id(call.id)
+        attributes = {"sluice.model": call.model_name[:MAX_LOGGED_ID], "sluice.request_id": request_id}
         with self._tracer.start_as_current_span(
             "sluice.infer", context=call.trace_parent, kind=SpanKind.SERVER, attributes=attributes
         ) as span:
-            token = REQUEST_ID.set(call.id or f"{span.get_span_context().trace_id:032x}")
+            token = REQUEST_ID.set(request_id or f"{span.get_span_context().trace_id:032x}")
             try:
                 return await self._serve(call)
             except SluiceError as err:
@@ -197,7 +203,7 @@ class DataPlane:
             self._count_failure(progress, err)
             raise
         except Exception as exc:  # a bug must end this call with a status, and only this call
-            log.exception("request failed on an unexpected error")
+            self._bugs.exception("request failed on an unexpected error")
             if progress.claimed is not None:
                 await self._idempotency.failed(progress.claimed, None)
             bug = Internal(f"internal error ({type(exc).__name__})", reason="internal")
@@ -223,9 +229,11 @@ class DataPlane:
         progress.held += self._hold(call.body_bytes)
         priority = int_parameter(call.parameters, "priority") or 0
         priority = progress.priority = tenant.priority(priority, self._levels)
+        # Authorised by name before the name is resolved, so a tenant cannot learn which models and
+        # versions exist outside its permissions (the resolved name is the requested one).
+        TenantDirectory.authorize(tenant, call.model_name)
         record = version_to_serve(self._catalog, call.model_name, call.model_version, self._backend.serves)
         progress.model = record.name
-        TenantDirectory.authorize(tenant, record.name)
         decoded = decode_call(call, record, self._limits)
         # What the call holds besides its body: the decoded inputs, the worker's answer and the result.
         progress.held += self._hold(decoded.input_bytes + 2 * decoded.response_bytes)

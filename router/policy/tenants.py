@@ -85,5 +85,5 @@ class TenantDirectory:
         """PERMISSION_DENIED unless the tenant may call `model`."""
         if not tenant.allows(model):
             raise PermissionDenied(
-                f"tenant {tenant.name!r} may not call model {model!r}", reason="model_denied"
+                f"tenant {tenant.name!r} may not call model {model[:128]!r}", reason="model_denied"
             )

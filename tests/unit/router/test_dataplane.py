@@ -173,3 +173,12 @@ def test_model_queries_check_the_key_then_the_tenants_models_then_the_name() -> 
     assert made.plane.model_ready(record) and made.plane.versions("mlp") == ["1"]
     made.roll_out(mlp("2"))
     assert not made.plane.model_ready(record)
+
+
+async def test_inference_checks_the_tenants_models_before_it_says_whether_a_model_exists() -> None:
+    limited = TenantSettings(api_keys=[hash_api_key("l-key")], models=["mlp"])
+    made = make_plane(tenants={"limited": limited})
+    for name in ("no-such-model", "other"):
+        err = await refused(made.plane.infer(raw_call(ROW, api_key="l-key", model_name=name)))
+        assert (err.code, err.reason) == (Code.PERMISSION_DENIED, "model_denied")
+    assert (await made.plane.infer(raw_call(ROW, api_key="l-key"))).model_name == "mlp"
