@@ -99,9 +99,10 @@ class CacheAuditor:
         task.add_done_callback(self._tasks.discard)
 
     async def _audit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
-        deadline = self._clock.now() + AUDIT_TIMEOUT_S
+        now = self._clock.now()
+        deadline = now + AUDIT_TIMEOUT_S
         try:
-            reply = await self._executor.infer(decoded, deadline, _AUDITOR, AUDIT_PRIORITY)
+            reply = await self._executor.infer(decoded, deadline, _AUDITOR, AUDIT_PRIORITY, arrival=now)
         except SluiceError as err:
             self._metrics.cache_audits.labels(record.name, f"skipped_{err.reason}").inc()
             return

@@ -7,8 +7,8 @@ batch size, buffer lengths, requested output names — so a malformed request co
 device time, and gets INVALID_ARGUMENT naming the tensor. Typed values are converted to raw little-endian
 bytes here, after those checks, so everything downstream sees one canonical encoding.
 
-The driver seam: the data plane calls `Executor.infer(decoded, deadline, tenant, priority)` and gets
-`outputs` (every output the model produced, worker-stream tensors) and `served` back.
+The driver seam: the data plane calls `Executor.infer(decoded, deadline, tenant, priority, arrival=...)`
+and gets `outputs` (every output the model produced, worker-stream tensors) and `served` back.
 """
 
 from __future__ import annotations
@@ -99,9 +99,10 @@ class Executor(Protocol):
     """The driver seam: queue a decoded request, batch it, run it on a worker (router/driver.py)."""
 
     async def infer(
-        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int, *, arrival: float
     ) -> ExecutorReply:
-        """The reply, or a SluiceError (shed, expired, worker lost, item failed, ...)."""
+        """The reply, or a SluiceError (shed, expired, worker lost, item failed, ...). `arrival` is when the
+        call reached the router: the whole budget its client gave is `deadline - arrival`."""
         ...
 
 

@@ -81,10 +81,10 @@ class DriverBackend:
         self._driver = driver
 
     async def infer(
-        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int, *, arrival: float
     ) -> ExecutorReply:
         """Queue, batch and run one request (`Driver.infer`)."""
-        return await self._driver.infer(decoded, deadline, tenant, priority)
+        return await self._driver.infer(decoded, deadline, tenant, priority, arrival=arrival)
 
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
@@ -247,7 +247,7 @@ class DataPlane:
         progress.claimed = begun
 
         async def execute() -> InferResult:
-            reply = await self._backend.infer(decoded, deadline, tenant, priority)
+            reply = await self._backend.infer(decoded, deadline, tenant, priority, arrival=progress.start)
             return InferResult(
                 model_name=record.name,
                 model_version=record.version,

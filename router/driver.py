@@ -195,14 +195,16 @@ class Driver:
 
     # -- requests -----------------------------------------------------------------------------------------
     async def infer(
-        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int, *, arrival: float
     ) -> ItemReply:
-        """Hand a validated request to the core and wait for its outcome."""
+        """Hand a validated request to the core and wait for its outcome. `arrival` is when the call
+        reached the router (decoding, idempotency and the cache ran since): admission judges the whole
+        budget the client gave from it, so the router's own delays never make a refusal terminal."""
         now = self.clock.now()
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
         span = get_current_span().get_span_context()
         request = self.core.new_request(
-            now,
+            min(arrival, now),
             lane=decoded.lane,
             rows=decoded.rows,
             deadline=deadline,

@@ -134,7 +134,7 @@ class RouterCore:
     # -- requests ---------------------------------------------------------------------------------------
     def new_request(
         self,
-        now: float,
+        arrival: float,
         *,
         lane: LaneKey,
         rows: int,
@@ -148,10 +148,11 @@ class RouterCore:
         cost: int = 1,
     ) -> QueuedRequest:
         """A request as the core keeps it, with a fresh id; `payload` is the shell's and never looked at.
+        `arrival` is when it reached the router (its whole budget is `deadline - arrival`).
         What it weighs on the worker stream (its inputs, its expected outputs and their framing) is what
         batches are cut by to fit the cluster's message limit."""
         return QueuedRequest(
-            next(self._request_ids), lane, rows, now, deadline, payload, tenant=tenant, priority=priority,
+            next(self._request_ids), lane, rows, arrival, deadline, payload, tenant=tenant, priority=priority,
             weight=weight, size_bytes=input_bytes, cost=cost,
             wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
         )  # fmt: skip

@@ -92,13 +92,18 @@ class FakeBackend:
     clock: FakeClock
     serving: set[tuple[str, str]] = field(default_factory=set)
     calls: list[DecodedRequest] = field(default_factory=list)
+    budgets: list[tuple[float, float]] = field(default_factory=list)
+    """(arrival, deadline) of each request, as the data plane handed them over."""
     errors: list[Exception] = field(default_factory=list)
     delay_s: float = 0.0
     during: Callable[[DecodedRequest], None] | None = None
 
-    async def infer(self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int) -> Reply:
+    async def infer(
+        self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int, *, arrival: float
+    ) -> Reply:
         """One request's outputs (every output of the model), or the next queued error."""
         self.calls.append(decoded)
+        self.budgets.append((arrival, deadline))
         if self.during is not None:
             self.during(decoded)
         if self.errors:

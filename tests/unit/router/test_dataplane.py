@@ -182,3 +182,13 @@ async def test_inference_checks_the_tenants_models_before_it_says_whether_a_mode
         err = await refused(made.plane.infer(raw_call(ROW, api_key="l-key", model_name=name)))
         assert (err.code, err.reason) == (Code.PERMISSION_DENIED, "model_denied")
     assert (await made.plane.infer(raw_call(ROW, api_key="l-key"))).model_name == "mlp"
+
+
+async def test_the_queue_is_handed_the_whole_budget_the_client_gave_from_when_the_call_arrived() -> None:
+    """Admission judges `deadline - arrival` against the model's best case: the router's own delays
+    between the call's arrival and its queueing must not shrink it (docs/admission.md)."""
+    made = make_plane()
+    start = made.clock.now()
+    await made.plane.infer(raw_call(ROW, time_remaining_s=0.25))
+    [(arrival, deadline)] = made.backend.budgets
+    assert arrival == start and deadline == pytest.approx(start + 0.25)

@@ -151,7 +151,8 @@ async def links() -> AsyncIterator[WorkerLinks]:
 
 async def infer(driver: Driver, timeout_s: float = 5.0) -> Code:
     try:
-        await driver.infer(decoded(), driver.clock.now() + timeout_s, TENANT, 1)
+        now = driver.clock.now()
+        await driver.infer(decoded(), now + timeout_s, TENANT, 1, arrival=now)
     except SluiceError as err:
         return err.code
     return Code.OK

@@ -157,7 +157,8 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
             tenant = Tenant(spec.tenant, TenantSettings(rate=1e12, burst=10**12, max_inflight=10**12,
                                                         default_priority=9, max_priority=1))  # fmt: skip
             decoded = decoded_request(plan, argument)
-            calls.append(asyncio.ensure_future(driver.infer(decoded, deadline, tenant, spec.priority)))
+            pending = driver.infer(decoded, deadline, tenant, spec.priority, arrival=now)
+            calls.append(asyncio.ensure_future(pending))
             await asyncio.sleep(0)
         elif event == "tick":
             driver.tick()
