@@ -2,13 +2,23 @@
 
 Each process builds its metrics on its own CollectorRegistry (not the global default), so several routers
 or workers can live in one test process without colliding.
+
+The endpoint is reachable by anyone who can reach the port (docs/security.md), so it is bounded: at most
+`MAX_CONNECTIONS` connections at once (more are closed at once, unread), each must send its request within
+`READ_TIMEOUT_S`, and it binds the host of the process's own gRPC listener. prometheus_client's own server
+held a thread per idle connection for as long as the client kept it open (30 idle sockets: 30 threads).
 """
 
 from __future__ import annotations
 
-from wsgiref.simple_server import WSGIServer
+import socket
+import sys
+import threading
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 # Seconds; inference latency lives between ~100 µs and a few seconds.
 LATENCY_BUCKETS = (
@@ -16,14 +26,96 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+MAX_CONNECTIONS = 8
+"""Scrapes served at once; Prometheus opens one per target (a few for HA pairs)."""
+READ_TIMEOUT_S = 5.0
+"""How long a connection may take to send its request, and to read the answer."""
+
+
+def listen_host(listen: str) -> str:
+    """The host part of a gRPC listen address (`0.0.0.0:8001` → `0.0.0.0`, `[::1]:0` → `::1`), where the
+    metrics endpoint binds too."""
+    host = listen.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One request per connection, with the server's socket timeout; no access log."""
+
+    server: _BoundedServer
+
+    def setup(self) -> None:
+        """Apply the read timeout before the request is read."""
+        super().setup()
+        self.connection.settimeout(self.server.read_timeout_s)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: scrapes are not events."""
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most `max_connections` of them (`limit` sets the bounds)."""
+
+    daemon_threads = True
+    read_timeout_s = READ_TIMEOUT_S
+    _slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def limit(self, max_connections: int, read_timeout_s: float) -> None:
+        """Set this server's bounds (before it serves)."""
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.read_timeout_s = read_timeout_s
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection on a thread of its own, or close it at once when every slot is taken."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve, then give the slot back."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or hung up is not worth a traceback on stderr (the base class prints
+        one per connection, which an idle-connection flood would turn into a log flood)."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class _BoundedServer6(_BoundedServer):
+    address_family = socket.AF_INET6
+
 
 class MetricsEndpoint:
     """A /metrics HTTP server on its own thread; `port` is the bound port (useful when asked for 0)."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
-        self._server: WSGIServer
-        self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port: int,
+        host: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        server_class = _BoundedServer6 if ":" in host else _BoundedServer
+        self._server = make_server(
+            host, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+        )
+        self._server.limit(max_connections, read_timeout_s)
+        self.host: str = str(self._server.server_address[0])
+        """The address bound (the listener's host, never wider)."""
         self.port: int = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         """Stop serving and join the thread."""

@@ -27,7 +27,7 @@ from common.cluster_auth import ClusterClient
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
 from common.grpc_gate import GateInterceptor
-from common.metrics import MetricsEndpoint
+from common.metrics import MetricsEndpoint, listen_host
 from common.pb.inference import grpc_service_pb2
 from common.pb.sluice.v1 import admin_pb2
 from common.telemetry import provider_from_environment, tracer
@@ -218,7 +218,9 @@ class RouterServer:
             raise OSError(f"cannot bind router to {settings.listen}")
         await server.start()
         self._server = server
-        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
+        self._metrics_endpoint = MetricsEndpoint(
+            self.metrics.registry, settings.metrics_port, listen_host(settings.listen)
+        )
         host = settings.listen.rsplit(":", 1)[0]
         advertised = f"{socket.gethostname() if host in ('0.0.0.0', '[::]') else host}:{self.port}"
         self.router_id = self.router_id or f"{socket.gethostname()}-{os.getpid()}-{self.port}"

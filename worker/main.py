@@ -32,7 +32,7 @@ from common.errors import Internal
 from common.etcd import LeasedKey, worker_key
 from common.exit_codes import EXIT_DEVICE_FAULT
 from common.grpc_gate import GateInterceptor
-from common.metrics import MetricsEndpoint
+from common.metrics import MetricsEndpoint, listen_host
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
 from common.telemetry import provider_from_environment, tracer
@@ -127,7 +127,9 @@ class WorkerProcess:
             raise OSError(f"cannot bind worker to {settings.listen}")
         await server.start()
         self._server = server
-        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, settings.metrics_port)
+        self._metrics_endpoint = MetricsEndpoint(
+            self.metrics.registry, settings.metrics_port, listen_host(settings.listen)
+        )
         self.state.set(worker_pb2.WORKER_STATE_READY)
         key = worker_key(self.config.etcd.prefix, self.worker_id)
         self._registration = LeasedKey(self.config.etcd, key, self.record().to_json())
