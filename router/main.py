@@ -27,6 +27,7 @@ from common.cluster_auth import ClusterClient
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
 from common.grpc_gate import GateInterceptor
+from common.grpc_server import keepalive_options
 from common.metrics import MetricsEndpoint, listen_host
 from common.pb.inference import grpc_service_pb2
 from common.pb.sluice.v1 import admin_pb2
@@ -69,11 +70,7 @@ SERVER_QUEUE_OPTIONS = [
     ("grpc.server.max_pending_requests", 20_000),
     ("grpc.server.max_pending_requests_hard_limit", 40_000),
 ]
-SERVER_KEEPALIVE_OPTIONS = [
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+SERVER_KEEPALIVE_OPTIONS = keepalive_options(min_ping_interval_ms=500)
 
 
 class RouterServer:

@@ -32,6 +32,7 @@ from common.errors import Internal
 from common.etcd import LeasedKey, worker_key
 from common.exit_codes import EXIT_DEVICE_FAULT
 from common.grpc_gate import GateInterceptor
+from common.grpc_server import keepalive_options
 from common.metrics import MetricsEndpoint, listen_host
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
@@ -51,11 +52,9 @@ LOAD_REPORT_INTERVAL_S = 0.25
 """Also the heartbeat routers watch: a stream silent for 3 intervals is declared dead."""
 # Time for routers to see DRAINING on their stream before we trust the runner's idleness.
 DRAIN_SETTLE_S = 0.2
-SERVER_OPTIONS = [
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 400),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+MIN_PING_INTERVAL_MS = 400
+"""Below the routers' 500 ms stream pings (router/worker_link.py), so theirs never strike."""
+SERVER_OPTIONS = keepalive_options(MIN_PING_INTERVAL_MS)
 _STATE_NAMES: dict[int, WorkerStateName] = {
     worker_pb2.WORKER_STATE_STARTING: "starting",
     worker_pb2.WORKER_STATE_READY: "ready",
