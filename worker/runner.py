@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -67,16 +67,32 @@ _UNKNOWN_MODEL = "_unknown"  # metric label for batches of models this worker do
 
 @dataclass(eq=False)
 class StreamState:
-    """One router's stream: where its results go and which of its items were cancelled."""
+    """One router's stream: where its results go and which of its items were cancelled.
+
+    Invariant: `cancelled` ⊆ `held` — only an item this worker holds can be cancelled, so a cancel that
+    arrives after its item was answered (or for an id never sent) leaves nothing behind, and both sets
+    are bounded by the worker's capacity."""
 
     outbox: asyncio.Queue[worker_pb2.WorkerMessage | None] = field(default_factory=asyncio.Queue)
     cancelled: set[int] = field(default_factory=set)
+    held: set[int] = field(default_factory=set)
+    """Item ids of this stream's accepted batches not yet answered."""
     open: bool = True
 
     def send(self, message: worker_pb2.WorkerMessage) -> None:
         """Queue a message for the router (dropped if the stream is gone: nobody is listening)."""
         if self.open:
             self.outbox.put_nowait(message)
+
+    def cancel(self, item_ids: Iterable[int]) -> None:
+        """The router gave up on these items: those still held are skipped or answered CANCELLED."""
+        self.cancelled.update(item for item in item_ids if item in self.held)
+
+    def settle(self, batch: worker_pb2.Batch) -> None:
+        """Every item of an accepted batch has been answered (or dropped with the stream)."""
+        for item in batch.items:
+            self.held.discard(item.item_id)
+            self.cancelled.discard(item.item_id)
 
 
 def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemResult:
@@ -157,6 +173,7 @@ class BatchRunner:
         self._queued_rows += rows
         self._idle.clear()
         self._metrics.queued_batches.set(self._pending)
+        stream.held.update(item.item_id for item in batch.items)
         self._device.put(Work(batch, stream, self._now(), rows))
 
     async def wait_idle(self, within_s: float) -> bool:
@@ -197,6 +214,8 @@ class BatchRunner:
         if self._pending == 0:
             self._idle.set()
         if forward.dropped:
+            for answer in forward.answers:
+                answer.work.stream.settle(answer.work.batch)
             return
         self._busy.add(forward.start, forward.end)
         for answer in forward.answers:
@@ -215,7 +234,6 @@ class BatchRunner:
         result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
         try:
             for outcome in answer.skipped:
-                work.stream.cancelled.discard(outcome.item_id)
                 result.items.append(_encode(outcome))
             result.items.extend(_encode(o, work.stream) for o in answer.executed)
         except Exception as exc:  # a bug must fail this batch's items, not stop the worker
@@ -228,6 +246,7 @@ class BatchRunner:
         result.execute_us = round((forward.end - forward.start) * 1e6)
         self._stamp_queue(result)
         work.stream.send(worker_pb2.WorkerMessage(result=result))
+        work.stream.settle(work.batch)
         self._account(work, result, forward.start)
 
     def _stamp_queue(self, result: worker_pb2.BatchResult) -> None:
@@ -263,7 +282,6 @@ def _encode(outcome: ItemOutcome, stream: StreamState | None = None) -> worker_p
     """The wire form of an outcome; with `stream`, an executed item the router cancelled meanwhile
     becomes CANCELLED instead of its outputs."""
     if stream is not None and outcome.item_id in stream.cancelled:
-        stream.cancelled.discard(outcome.item_id)
         return _error(outcome.item_id, Cancelled("cancelled by the router during execution"))
     if outcome.error is not None or outcome.outputs is None:
         error = outcome.error or SluiceError("no outputs")

@@ -81,7 +81,7 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
                 if kind == "batch":
                     self._state.runner.submit(message.batch, stream)
                 elif kind == "cancel":
-                    stream.cancelled.update(message.cancel.item_ids)
+                    stream.cancel(message.cancel.item_ids)
         # The router closed its side: let pending results go out, then end the stream.
         await self._state.runner.wait_idle(within_s=60.0)
         stream.outbox.put_nowait(None)

@@ -385,3 +385,25 @@ async def test_after_a_device_fault_only_the_faulted_forward_is_answered() -> No
     assert stream.outbox.empty()  # batch 3 is never answered: routers re-dispatch it
     assert backend.rows == [3] and untouched.rows == []  # nor run: the device is never touched again
     assert runner.pending_batches == 0
+
+
+async def test_cancels_are_kept_only_for_items_the_worker_holds_and_forgotten_once_answered() -> None:
+    """A cancel that arrives after its item was answered, or for an id never sent, used to stay in the
+    stream's state for the stream's lifetime: a router could grow it without bound."""
+    models, gated = gated_models(toy=fake_model(synthetic_config(), RecordingBackend()))
+    runner, _ = make_runner(models)
+    stream = StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, stream)
+        runner.submit(batch(1, [1, 2]), stream)
+        stream.cancel([1, *range(10_000, 20_000)])  # one held item, and ids this worker never saw
+        assert stream.cancelled == {1} and stream.held == {999, 1, 2}
+        gated.gate.set()
+        [_, result] = await results(stream, 2)
+        stream.cancel([0, 2, 999])  # late: every one of them was answered already
+    finally:
+        await runner.stop()
+    by_id = {item.item_id: item for item in result.items}
+    assert by_id[1].error.code == Code.CANCELLED and not by_id[2].HasField("error")
+    assert stream.cancelled == set() and stream.held == set()
