@@ -7,41 +7,63 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
 
 import grpc
 
 from cli.connect import add_connection_flags, aio_channel, channel, metadata
+from cli.parsing import ADMIN_KEY, FROM_CONFIG, SubcommandParser, add_command, add_etcd_flags, subcommands
 from common.config import SluiceConfig
 from common.etcd import ROUTERS, EtcdUnavailable, open_client
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
 
 EXIT_OK, EXIT_BAD_ARGS, EXIT_CONNECTION, EXIT_RPC = 0, 1, 2, 3
 CLEAR = "\x1b[H\x1b[2J"
+CACHE_SETTINGS = (
+    FROM_CONFIG.format(example="SLUICE_ETCD__ENDPOINTS")
+    + " Routers are found in etcd; an admin API key from --api-key, else $SLUICE_API_KEY."
+)
 
 
-def add_admin_parsers(
-    sub: argparse._SubParsersAction[Any], add_etcd_flags: Any, parser_class: type[argparse.ArgumentParser]
-) -> None:
+def add_admin_parsers(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
     """top, tenants and cache (purge, stats)."""
-    top = sub.add_parser("top", help="live view of lanes, rates, latencies and workers (refreshed in place)")
+    top = add_command(
+        sub,
+        "top",
+        "Show a router's lanes, rates, latencies and workers, refreshed in place.",
+        ADMIN_KEY,
+        "Ctrl-C quits; --once prints one frame and exits (scripts, tests).",
+    )
     top.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     top.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
     add_connection_flags(top)
 
-    tenants = sub.add_parser("tenants", help="tenants with their quotas and this router's usage")
+    tenants = add_command(
+        sub, "tenants", "Show the tenants' quotas and one router's usage of them.", ADMIN_KEY
+    )
     tenants.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
     tenants.add_argument("--json", action="store_true", help="print JSON")
     add_connection_flags(tenants)
 
-    cache = sub.add_parser("cache", help="result-cache administration")
-    cache_sub = cache.add_subparsers(dest="cache_command", required=True, parser_class=parser_class)
-    purge = cache_sub.add_parser("purge", help="drop cached results of MODEL[:VERSION] on every live router")
+    cache = add_command(
+        sub,
+        "cache",
+        "Result-cache administration on every router: `sluice cache purge|stats`.",
+        CACHE_SETTINGS,
+    )
+    cache_sub = subcommands(cache, "cache_command")
+    purge = add_command(
+        cache_sub,
+        "purge",
+        "Drop cached results of MODEL[:VERSION] on every router registered in etcd.",
+        CACHE_SETTINGS,
+    )
     purge.add_argument("model", metavar="MODEL[:VERSION]")
     add_etcd_flags(purge)
     add_connection_flags(purge)
-    stats = cache_sub.add_parser("stats", help="cache counters of every live router")
+    stats = add_command(
+        cache_sub, "stats", "Print the cache counters of every router registered in etcd.", CACHE_SETTINGS
+    )
     add_etcd_flags(stats)
     add_connection_flags(stats)
 
@@ -84,7 +106,7 @@ async def cache_purge(config: SluiceConfig, args: argparse.Namespace) -> int:
 
 
 async def cache_stats(config: SluiceConfig, args: argparse.Namespace) -> int:
-    """Print the cache counters of every live router."""
+    """Print the cache counters of every live router (exit 3 if one of them did not answer)."""
     try:
         routers = await _router_addrs(config)
     except EtcdUnavailable as exc:
@@ -93,11 +115,17 @@ async def cache_stats(config: SluiceConfig, args: argparse.Namespace) -> int:
     print(
         f"{'ROUTER':<28} {'HITS':>8} {'MISSES':>8} {'BYPASS':>7} {'EVICT':>7} {'ENTRIES':>8} {'MB':>7} REDIS"
     )
+    failed = 0
     for router_id, addr in sorted(routers.items()):
         async with aio_channel(args, addr) as opened:
-            stats = await admin_pb2_grpc.RouterAdminStub(opened).GetStats(
-                admin_pb2.GetStatsRequest(), timeout=5, metadata=metadata(args)
-            )
+            try:
+                stats = await admin_pb2_grpc.RouterAdminStub(opened).GetStats(
+                    admin_pb2.GetStatsRequest(), timeout=5, metadata=metadata(args)
+                )
+            except grpc.aio.AioRpcError as exc:
+                failed += 1
+                print(f"{router_id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                continue
         c = stats.cache
         redis = "down" if c.redis_down else "ok"
         disabled = f"  disabled digests: {', '.join(c.disabled_digests)}" if c.disabled_digests else ""
@@ -105,7 +133,7 @@ async def cache_stats(config: SluiceConfig, args: argparse.Namespace) -> int:
             f"{router_id:<28} {c.hits:>8} {c.misses:>8} {c.bypasses:>7} {c.evictions:>7} {c.entries:>8} "
             f"{c.memory_bytes / 2**20:>7.1f} {redis}{disabled}"
         )
-    return EXIT_OK
+    return EXIT_RPC if failed else EXIT_OK
 
 
 def tenants(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli.parsing import SubcommandParser, add_command
+
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
 
@@ -27,13 +29,16 @@ def _steps(text: str) -> list[float]:
     return steps
 
 
-def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_bench_parser(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
     """Register `sluice bench` on the top-level subparsers."""
-    bench = sub.add_parser(
+    bench = add_command(
+        sub,
         "bench",
-        help="open-loop load generator: sluice bench SCENARIO.yaml [--json out.json], or --ceiling",
-        description="Send a scenario's open-loop load (no retries) and report per class: offered rate, "
-        "throughput, goodput, rejections by status and reason, latency percentiles, send lag.",
+        "Send a scenario's open-loop load to a router and report per traffic class.",
+        "Settings: the scenario YAML (bench/scenarios/); flags override its fields (--target, --rate, "
+        "--duration, --seed, --channels); --config is not read.",
+        "Reports offered rate, throughput, goodput, rejections by status and reason, latency percentiles "
+        "and send lag; no retries. --ceiling measures the generator itself against a sink server.",
     )
     bench.add_argument("scenario", nargs="?", type=Path, help="scenario YAML (see bench/scenarios/)")
     bench.add_argument("--target", help="router HOST:PORT or gRPC URI (overrides the scenario's target)")

@@ -2,27 +2,32 @@
 
 The launcher itself (children, credentials, start and stop order, the restart supervisor) is
 `common/local_cluster.py`, which the benchmarks use too; this module is the command's front end: it checks
-the repository, turns SIGINT and SIGTERM into a stop, prints where to go, and watches the children until
-told to stop or until the cluster can no longer serve.
+the repository, turns SIGINT and SIGTERM into a stop, prints where to go (with the exact commands that
+add a worker or a router to the running cluster), and watches the children until told to stop or until
+the cluster can no longer serve.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from common.config import ConfigError
 from common.local_cluster import (
-    TOKEN_ENV,
     Child,
+    ClusterEnv,
     Interrupted,
     Supervisor,
+    free_port,
     start_cluster,
     stop_cluster,
 )
@@ -38,6 +43,85 @@ def _serve_until_stopped(children: list[Child], stop: threading.Event) -> int:
             print("error: the cluster cannot serve without etcd and the router; stopping", file=sys.stderr)
             return 1
     return 0
+
+
+def _shell_line(env: Mapping[str, str], *argv: str) -> str:
+    """`VAR=value ... sluice ARGS`, quoted for a POSIX shell."""
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    return " ".join([*assignments, "sluice", *(shlex.quote(arg) for arg in argv)])
+
+
+def _spare_port(preferred: int, taken: set[int]) -> int:
+    """`preferred` if nothing of this cluster uses it and it can be bound now, else any free port."""
+    if preferred not in taken:
+        try:
+            with socket.socket() as sock:
+                sock.bind(("0.0.0.0", preferred))
+        except OSError:
+            pass
+        else:
+            return preferred
+    return free_port()
+
+
+def join_commands(args: argparse.Namespace, env: ClusterEnv) -> dict[str, str]:
+    """The exact shell lines that add a worker or a router to this running cluster, and drain a worker:
+    its etcd, its credentials (the run's token file, or the development certificates) and its config."""
+    etcd = ["--etcd", f"127.0.0.1:{args.etcd_port}"]
+    config = ["--config", str(args.config)] if args.config else []
+    metrics = range(args.metrics_port, args.metrics_port + args.router_processes)
+    port = _spare_port(args.port + 2, {args.port, args.etcd_port, args.redis_port or 0, *metrics})
+    listen = ["--listen", f"0.0.0.0:{port}", "--metrics-port", "0"]
+    return {
+        "worker": _shell_line(
+            {**env.common, **env.worker}, "worker", *etcd, "--repository", str(args.repository), *config
+        ),
+        "router": _shell_line({**env.common, **env.router}, "router", *etcd, *listen, *config),
+        "drain": _shell_line(
+            {**env.common, **env.operator}, "drain", f"worker-{max(args.workers, 1)}", *etcd, *config
+        ),
+    }
+
+
+def _try_commands(args: argparse.Namespace, env: ClusterEnv) -> list[str]:
+    """A first request, a probe and the worker list, exact for this cluster's ports and TLS."""
+    tls = [] if env.ca_file is None else ["--tls", "--ca", str(env.ca_file)]
+    addr = [] if args.port == 8001 else ["--addr", f"localhost:{args.port}"]
+    etcd = [] if args.etcd_port == 2379 else ["--etcd", f"127.0.0.1:{args.etcd_port}"]
+    return [
+        _shell_line({}, "infer", *tls, *addr, "--model", "mlp", "--random"),
+        _shell_line({}, "health", *tls, f"localhost:{args.port}"),
+        _shell_line({k: v for k, v in env.common.items() if k.startswith("SLUICE_ETCD__")}, "workers", *etcd),
+    ]
+
+
+def banner(args: argparse.Namespace, env: ClusterEnv, elapsed_s: float) -> str:
+    """What `sluice up` prints once every worker takes batches: where things listen, what to try, and how
+    to grow the cluster from another terminal."""
+    tls = env.ca_file is not None
+    lines = [
+        f"Sluice is up in {elapsed_s:.1f} s:",
+        f"  router   localhost:{args.port}  (KServe v2 gRPC{', TLS' if tls else ''})",
+        f"  metrics  http://localhost:{args.metrics_port}/metrics",
+        f"  etcd     127.0.0.1:{args.etcd_port}{' (TLS)' if tls else ''}",
+    ]
+    if env.certs:
+        lines.append(f"  certs    {env.certs} (development CA: ca.pem)")
+    if env.token_file:
+        lines.append(f"  token    {env.token_file} (cluster token: routers, workers and drains need it)")
+    if args.redis_port:
+        lines.append(f"  redis    127.0.0.1:{args.redis_port} (shared cache, idempotency keys)")
+    lines.append(f"  workers  {args.workers} on {args.repository}/")
+    lines += ["Try:", *(f"  {command}" for command in _try_commands(args, env))]
+    join = join_commands(args, env)
+    lines += [
+        "Grow it from another terminal (stop what you add before Ctrl-C here):",
+        f"  add a worker:  {join['worker']}",
+        f"  add a router:  {join['router']}",
+        f"  drain one:     {join['drain']}",
+        "Ctrl-C stops every process started here.",
+    ]
+    return "\n".join(lines)
 
 
 def run_local_cluster(args: argparse.Namespace) -> int:
@@ -62,30 +146,7 @@ def run_local_cluster(args: argparse.Namespace) -> int:
     children: list[Child] = []
     try:
         env = start_cluster(args, data_dir, args.log_dir, children, stop)
-        tls = "" if env.ca_file is None else f" --tls --ca {env.ca_file}"
-        print(
-            f"\nSluice is up in {time.monotonic() - started:.1f} s:\n"
-            f"  router   localhost:{args.port}  (KServe v2 gRPC{', TLS' if tls else ''})\n"
-            f"  metrics  http://localhost:{args.metrics_port}/metrics\n"
-            f"  etcd     127.0.0.1:{args.etcd_port}{' (TLS)' if tls else ''}\n"
-            + (f"  certs    {env.certs} (development CA: ca.pem)\n" if env.certs else "")
-            + (
-                f"  token    {env.token_file} (cluster token; `sluice drain` wants {TOKEN_ENV}=<it>)\n"
-                if env.token_file
-                else ""
-            )
-            + (
-                f"  redis    127.0.0.1:{args.redis_port} (shared cache, idempotency keys)\n"
-                if args.redis_port
-                else ""
-            )
-            + f"  workers  {args.workers} on {args.repository}/\n"
-            f"Try:  sluice infer{tls} --model mlp --random   |   sluice health{tls} localhost:{args.port}"
-            + ("" if tls else "   |   sluice workers")
-            + "\n"
-            "Ctrl-C stops every process started here.",
-            flush=True,
-        )
+        print("\n" + banner(args, env, time.monotonic() - started), flush=True)
         return _serve_until_stopped(children, stop)
     except Interrupted:
         return 130

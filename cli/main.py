@@ -1,7 +1,9 @@
 """`sluice`: argument parsing and dispatch. Each subcommand's work lives in its own module.
 
 Exit codes follow grpc_health_probe for every subcommand: 0 success, 1 bad arguments, 2 connection
-failure, 3 RPC failure, 4 not SERVING (health only).
+failure, 3 RPC failure, 4 not SERVING (health only). The global flags (`--config`, `--log-level`,
+`--log-format`) go before or after the subcommand; given in both places, the one after wins
+(cli/parsing.py).
 """
 
 from __future__ import annotations
@@ -10,37 +12,43 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from cli.admin_cmds import add_admin_parsers, run_admin
 from cli.bench_cmd import add_bench_parser, run_bench
 from cli.connect import add_connection_flags
+from cli.parsing import (
+    EXIT_BAD_ARGS,
+    FROM_CONFIG,
+    FROM_FLAGS,
+    FROM_FLAGS_AND_KEY,
+    Parser,
+    SubcommandParser,
+    about,
+    add_command,
+    add_etcd_flags,
+    add_global_flags,
+    subcommands,
+)
 from cli.sim_cmd import add_sim_parser, run_sim
 from common.config import ConfigError, SluiceConfig, load_config
 from common.logs import configure_logging
 
-EXIT_BAD_ARGS = 1
 # What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
 # `sluice models init` need torch.
 _EXTRAS = {"torch": "worker", "onnx": "onnx", "onnxruntime": "onnx"}
+_Parser = Parser  # the name tests/integration/test_loadgen.py builds a parser with
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but bad arguments exit 1 as grpc_health_probe does (2 means 'cannot connect')."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_BAD_ARGS, f"{self.prog}: error: {message}\n")
-
-
-def _add_etcd_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint (default: config, else 127.0.0.1:2379)")
-    p.add_argument("--prefix", help="etcd key prefix (default: /sluice/)")
-
-
-def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """The long-running processes: up, router, worker."""
-    up = sub.add_parser("up", help="run a local cluster: etcd, a router and workers; Ctrl-C stops it all")
+def _add_up(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
+    up = add_command(
+        sub,
+        "up",
+        "Run a local cluster (etcd, a router, workers) until Ctrl-C stops it all.",
+        "Settings: flags; --config sluice.yaml and SLUICE_* environment variables reach the router and "
+        "workers it starts.",
+        "Once up it prints where everything listens and the exact commands that add a router or a worker.",
+    )
     up.add_argument(
         "--repository", type=Path, default=Path("models"), help="model repository (default models/)"
     )
@@ -72,7 +80,18 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="with --tls: use (or write, if empty) the `sluice certs dev` files here (default: per run)",
     )
 
-    router = sub.add_parser("router", help="run a router (KServe v2 gRPC front end)")
+
+def _add_process_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
+    """The long-running processes: up, router, worker."""
+    _add_up(sub)
+    router = add_command(
+        sub,
+        "router",
+        "Run a router, the KServe v2 gRPC front end that batches requests for workers.",
+        FROM_CONFIG.format(example="SLUICE_ROUTER__LISTEN"),
+        "It finds workers in etcd; the router-to-worker hop needs the cluster's token or certificates "
+        "(cluster.token_file, e.g. SLUICE_CLUSTER__TOKEN_FILE; docs/security.md).",
+    )
     router.add_argument("--listen", help="gRPC bind address (default 0.0.0.0:8001)")
     router.add_argument("--metrics-port", type=int, help="/metrics port (default 8002; 0 picks one)")
     router.add_argument("--router-id", help="name in etcd (default hostname-pid-port)")
@@ -82,9 +101,16 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=1,
         help="serve the port from N router processes, one core each (SO_REUSEPORT; default 1)",
     )
-    _add_etcd_flags(router)
+    add_etcd_flags(router)
 
-    worker = sub.add_parser("worker", help="run a worker that owns one device")
+    worker = add_command(
+        sub,
+        "worker",
+        "Run a worker: serve the repository's models on one device to routers.",
+        FROM_CONFIG.format(example="SLUICE_WORKER__DEVICE"),
+        "It registers in etcd; it refuses to start without the cluster's token or certificates "
+        "(cluster.token_file, e.g. SLUICE_CLUSTER__TOKEN_FILE; docs/security.md).",
+    )
     worker.add_argument("--repository", type=Path, help="model repository root (default models/)")
     worker.add_argument("--models", help="comma-separated model names to load (default: all)")
     worker.add_argument("--device", help="cpu or cuda:N (default cpu)")
@@ -93,20 +119,30 @@ def _add_process_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     worker.add_argument("--advertise-host", help="host routers dial (default 127.0.0.1)")
     worker.add_argument("--metrics-port", type=int, help="/metrics port (default 0: pick one)")
     worker.add_argument("--worker-id", help="name in etcd (default hostname-pid)")
-    _add_etcd_flags(worker)
+    add_etcd_flags(worker)
 
 
-def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_client_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
     """Commands that talk to a running cluster: health, infer, workers, drain."""
-    health = sub.add_parser(
-        "health", help="grpc.health.v1 probe; exit 0 SERVING, 2 no connection, 4 not SERVING"
+    health = add_command(
+        sub,
+        "health",
+        "Probe a router or worker (grpc.health.v1), exiting as grpc_health_probe does.",
+        FROM_FLAGS,
+        "Exit 0 SERVING, 1 bad arguments, 2 no connection (or TLS handshake failed), 3 RPC failed, "
+        "4 not SERVING: usable as a Kubernetes probe.",
     )
     health.add_argument("addr", help="HOST:PORT of a router or worker")
     health.add_argument("--service", default="", help="service name (default '': the whole server)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     add_connection_flags(health, api_key=False)
 
-    infer = sub.add_parser("infer", help="send one inference request and print the result")
+    infer = add_command(
+        sub,
+        "infer",
+        "Send one request with random inputs to a router and print the result.",
+        FROM_FLAGS_AND_KEY,
+    )
     infer.add_argument("--model", required=True, help="model name")
     infer.add_argument("--version", default="", help="model version (default: latest ready)")
     infer.add_argument("--addr", default="localhost:8001", help="router HOST:PORT (default localhost:8001)")
@@ -116,49 +152,72 @@ def _add_client_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     infer.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds (default 10)")
     add_connection_flags(infer)
 
-    workers = sub.add_parser("workers", help="list workers registered in etcd")
+    workers = add_command(
+        sub,
+        "workers",
+        "List the workers registered in etcd, or with --addr as one router sees them.",
+        FROM_CONFIG.format(example="SLUICE_ETCD__ENDPOINTS"),
+        "Only etcd's address is read (default 127.0.0.1:2379); --addr takes an admin API key from "
+        "--api-key, else $SLUICE_API_KEY, unless the router is in key-less local mode.",
+    )
     workers.add_argument("--json", action="store_true", help="print the raw records as JSON")
     workers.add_argument(
         "--addr", help="ask this router instead of etcd: adds backlog, utilisation and learned estimates"
     )
-    _add_etcd_flags(workers)
+    add_etcd_flags(workers)
     add_connection_flags(workers)
 
-    drain = sub.add_parser(
+    drain = add_command(
+        sub,
         "drain",
-        help="drain a worker: finish in-flight work, deregister, exit (presents the config's cluster "
-        "token or client certificate)",
+        "Drain a worker: it finishes in-flight work, deregisters from etcd and exits.",
+        FROM_CONFIG.format(example="SLUICE_CLUSTER__TOKEN_FILE"),
+        "It presents the config's cluster token (cluster.token_file; `sluice up` prints its file) or "
+        "client certificate; without it the worker answers UNAUTHENTICATED.",
     )
     drain.add_argument("worker_id", metavar="WORKER", help="worker id as `sluice workers` shows it")
     drain.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the drain to finish")
-    _add_etcd_flags(drain)
+    add_etcd_flags(drain)
 
 
-def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """Offline tools: keys, models, bench."""
-    keys = sub.add_parser("keys", help="API key tools")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
-    hash_key = keys_sub.add_parser(
-        "hash", help="print the sha256:<hex> form of an API key (tenants.api_keys)"
+def _add_tool_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
+    """Offline tools: keys, certs, models; then bench, sim and the admin commands."""
+    keys = add_command(sub, "keys", "API key tools: `sluice keys hash KEY`.", FROM_FLAGS)
+    hash_key = add_command(
+        subcommands(keys, "keys_command"),
+        "hash",
+        "Print the sha256:<hex> form of an API key (for api_keys and admin_keys).",
+        "Settings: none: the key is the argument ('-' reads it from stdin, out of shell history).",
     )
     hash_key.add_argument("key", help="the API key (keep it out of shell history: pass '-' to read stdin)")
 
-    certs = sub.add_parser("certs", help="TLS certificate tools")
-    certs_sub = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
-    dev = certs_sub.add_parser(
+    certs = add_command(sub, "certs", "TLS certificate tools: `sluice certs dev DIR`.", FROM_FLAGS)
+    dev = add_command(
+        subcommands(certs, "certs_command"),
         "dev",
-        help="write a development CA and router, worker, etcd and client certificates (not for production)",
+        "Write a development CA and certificates for every role (not for production).",
+        FROM_FLAGS,
     )
     dev.add_argument("directory", type=Path, metavar="DIR", help="where to write them (created if missing)")
 
-    models = sub.add_parser("models", help="model repository tools")
-    models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
-    init = models_sub.add_parser("init", help="write the demo models (mlp, encoder, synthetic), fixed seeds")
+    models = add_command(
+        sub, "models", "Model repository tools: `sluice models init`, `sluice models check DIR`.", FROM_FLAGS
+    )
+    models_sub = subcommands(models, "models_command")
+    init = add_command(
+        models_sub,
+        "init",
+        "Write the demo models (mlp, mlp_onnx, encoder, synthetic) with fixed seeds.",
+        FROM_FLAGS,
+    )
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
-    check = models_sub.add_parser(
+    check = add_command(
+        models_sub,
         "check",
-        help="validate a repository offline (config.yaml and Triton config.pbtxt) and print what each model "
-        "will be served as; exit 1 on any problem",
+        "Validate a model repository offline; print how each model will be served.",
+        FROM_FLAGS,
+        "Reads config.yaml and Triton config.pbtxt as a worker does, then loads each artifact on the CPU; "
+        "exit 1 on any problem.",
     )
     check.add_argument("repository", type=Path, metavar="DIR", help="the model repository")
     check.add_argument(
@@ -166,17 +225,22 @@ def _add_tool_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     add_bench_parser(sub)
     add_sim_parser(sub)
-    add_admin_parsers(sub, _add_etcd_flags, _Parser)
+    add_admin_parsers(sub)
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sluice", description="Sluice: an inference-serving cluster (KServe v2 gRPC).")
-    parser.add_argument("--config", type=Path, help="sluice.yaml (then SLUICE_* env vars, then flags, win)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
-    parser.add_argument(
-        "--log-format", choices=("json", "text"), default="json", help="json lines (default) or plain text"
+    """The whole `sluice` command line."""
+    parser = Parser(
+        prog="sluice",
+        description=about(
+            "Sluice: an inference-serving cluster of routers, workers and etcd (KServe v2).",
+            FROM_CONFIG.format(example="SLUICE_ETCD__ENDPOINTS"),
+            "The global options work before or after the subcommand; given in both places, the one after "
+            "it wins. `sluice COMMAND --help` says what each command does.",
+        ),
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_global_flags(parser, with_defaults=True)
+    sub = subcommands(parser, "command")
     _add_process_commands(sub)
     _add_client_commands(sub)
     _add_tool_commands(sub)

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli.parsing import SubcommandParser, add_command
+
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
 
@@ -28,14 +30,15 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
-def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_sim_parser(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
     """Register `sluice sim` on the top-level subparsers."""
-    sim = sub.add_parser(
+    sim = add_command(
+        sub,
         "sim",
-        help="simulate the router's policies: sluice sim SCENARIO.yaml [--compare | --sweep] [--json out]",
-        description="Drive the router's own admission, lanes, batcher, scheduler and estimators under "
-        "virtual time with simulated workers, and report throughput, goodput, SLO attainment, shed rate "
-        "and latency percentiles.",
+        "Simulate the router's policies in virtual time on a scenario.",
+        "Settings: the scenario YAML (bench/scenarios/sim_*.yaml); flags override it; --config is not read.",
+        "Drives the router's own admission, lanes, batcher, scheduler and estimators with simulated "
+        "workers, and reports throughput, goodput, SLO attainment, shed rate and latency percentiles.",
     )
     sim.add_argument("scenario", type=Path, help="simulator scenario YAML (bench/scenarios/sim_*.yaml)")
     sim.add_argument("--rate", type=float, help="arrivals per second (overrides the scenario's rate/load)")

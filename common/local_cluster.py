@@ -269,7 +269,8 @@ def etcd_tls_flags(certs: Path) -> list[str]:
 
 
 class ClusterEnv:
-    """The environment each kind of child gets: the hop credentials of this run (token or TLS)."""
+    """The environment each kind of child gets: the hop credentials of this run (token or TLS), and the
+    router's Redis; `sluice up` prints it in the commands that add a router or a worker."""
 
     def __init__(self, args: ClusterArgs, run_dir: Path) -> None:
         self.tls = bool(getattr(args, "tls", False))
@@ -277,6 +278,7 @@ class ClusterEnv:
         self.common: dict[str, str] = {}
         self.router: dict[str, str] = {}
         self.worker: dict[str, str] = {}
+        self.operator: dict[str, str] = {}  # `sluice drain`: what it presents to a worker
         self.token_file: Path | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = getattr(args, "config", None)
@@ -310,6 +312,10 @@ class ClusterEnv:
         self.worker = {
             "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
             "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
+        }
+        self.operator = {
+            "SLUICE_CLUSTER__CERT_FILE": str(certs / "admin-client.pem"),
+            "SLUICE_CLUSTER__KEY_FILE": str(certs / "admin-client-key.pem"),
         }
 
     def etcd_flags(self, endpoint: str, peer: int) -> list[str]:
@@ -369,12 +375,12 @@ def start_cluster(
     _wait_for(lambda: _etcd_healthy(args.etcd_port, env.ca_file), 30, children, "etcd", stop)
     config_path: Path | None = getattr(args, "config", None)
     config = ["--config", str(config_path)] if config_path else []
-    router_env = {**env.common, **env.router}
     redis_port: int | None = getattr(args, "redis_port", None)
     if redis_port:
         children.append(Child("redis", _redis_argv(redis_port, data_dir), log_dir))
         _wait_for(lambda: _redis_answers(redis_port), 15, children, "redis", stop)
-        router_env["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+        env.router["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    router_env = {**env.common, **env.router}
     router_processes: int = getattr(args, "router_processes", 1)
     children.append(
         Child(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,9 +41,32 @@ class Cluster:
         assert found, "sluice up printed no token file"
         return {"SLUICE_CLUSTER__TOKEN_FILE": found.group(1)}
 
+    def banner_line(self, label: str) -> str:
+        """The command `sluice up` printed after `label:` in its banner (e.g. "add a worker")."""
+        return banner_line(self.log_dir / "up.log", label)
+
     def pids(self) -> list[int]:
         """Every process of this cluster (they all carry its etcd port on their command line)."""
         return find_pids(f"127.0.0.1:{self.etcd_port}")
+
+
+def banner_line(log: Path, label: str) -> str:
+    """The command `sluice up` printed after `label:` in its banner, in its output `log`."""
+    found = re.search(rf"^ +{re.escape(label)}: +(.+)$", log.read_text(), re.M)
+    assert found, f"sluice up printed no {label!r} line"
+    return found.group(1)
+
+
+def shell_command(line: str) -> tuple[dict[str, str], list[str]]:
+    """A printed or documented `VAR=value ... sluice ARGS` line: its environment assignments, and the argv
+    that runs it with this interpreter."""
+    words = shlex.split(line)
+    env = {}
+    while words and re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[:1] == ["sluice"], line
+    return env, [sys.executable, "-m", "cli", *words[1:]]
 
 
 @contextlib.contextmanager

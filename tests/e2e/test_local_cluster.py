@@ -1,5 +1,6 @@
 """The whole path through the CLI's local cluster: correctness under concurrency, batching, drain
-under load, the CLI commands, and an unmodified official Triton client.
+under load, the CLI commands, the commands `sluice up` prints to grow the cluster, and an unmodified
+official Triton client.
 
 Tests run in file order on one cluster; the drain test stops a worker, so it comes last.
 """
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -20,9 +22,10 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.local_cluster import free_port
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, shell_command
 from tests.support.processes import find_pids, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -155,7 +158,7 @@ np.save(sys.argv[2], np.stack([x[:, :10], result.as_numpy("output")]))
 """
 
 
-def test_official_triton_client_works_unchanged(cluster: Cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_official_triton_client_works_unchanged(cluster: Cluster, tmp_path: Path) -> None:
     out = tmp_path / "result.npy"
     run = subprocess.run(
         [sys.executable, "-c", TRITON_CLIENT_SCRIPT, cluster.addr, str(out)],
@@ -169,6 +172,54 @@ def test_official_triton_client_works_unchanged(cluster: Cluster, tmp_path) -> N
     x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
     np.testing.assert_array_equal(x_head, x[:, :10])
     np.testing.assert_allclose(output, _reference(cluster, x), atol=1e-5)
+
+
+def _start_printed(cluster: Cluster, label: str, log: Path, **replace: str) -> subprocess.Popen[bytes]:
+    """Run the command `sluice up` printed after `label:`, as a user pasting it would (with `replace`
+    swapping flag values, e.g. a listen port that is free now)."""
+    env, argv = shell_command(cluster.banner_line(label))
+    for flag, value in replace.items():
+        argv[argv.index(flag) + 1] = value
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
+def test_the_banner_commands_add_a_worker_and_a_router(cluster: Cluster, tmp_path: Path) -> None:
+    etcd = f"127.0.0.1:{cluster.etcd_port}"
+    assert etcd in cluster.banner_line("add a worker") and etcd in cluster.banner_line("add a router")
+    router_addr = f"127.0.0.1:{free_port()}"  # the printed port was free when printed; this one is now
+    worker = _start_printed(cluster, "add a worker", tmp_path / "worker.log")
+    router = _start_printed(cluster, "add a router", tmp_path / "router.log", **{"--listen": router_addr})
+    try:
+
+        def joined() -> bool:
+            listing = sluice("workers", "--addr", router_addr)
+            return listing.returncode == 0 and "3 worker(s)" in listing.stdout
+
+        wait_until(joined, 120, "the added router to see the added worker beside worker-1 and worker-2")
+        assert worker.poll() is None and router.poll() is None
+        listing = sluice("workers", "--etcd", etcd)
+        assert "3 worker(s)" in listing.stdout, listing.stdout
+        assert sluice("health", router_addr).returncode == 0
+        answered = sluice("infer", "--model", "mlp", "--random", "--addr", router_addr)
+        assert answered.returncode == 0, answered.stderr
+    finally:
+        codes = [_stop(added) for added in (worker, router)]
+    assert codes == [0, 0], (tmp_path / "worker.log").read_text() + (tmp_path / "router.log").read_text()
+    wait_until(
+        lambda: "2 worker(s)" in sluice("workers", "--etcd", etcd).stdout, 20, "the added worker to leave"
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> int | None:
+    """SIGTERM (a worker drains, a router deregisters), then SIGKILL if it takes over a minute."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+        return None
 
 
 def test_sigterm_on_a_worker_during_load_loses_no_request(cluster: Cluster) -> None:

@@ -1,9 +1,12 @@
 """`sluice up --tls`: the whole local cluster over TLS — client port (TLS), router ↔ workers (mTLS with
 the development CA), etcd (TLS) — driven as a user would: `sluice certs dev`, the official Triton client
-with `ssl=True`, `sluice health --tls`, then Ctrl-C stops every process."""
+with `ssl=True`, `sluice health --tls`, the banner's add-a-router and drain commands, then Ctrl-C stops
+every process."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import subprocess
 import sys
@@ -12,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.local_cluster import free_port
-from tests.e2e.conftest import interrupt
+from tests.e2e.conftest import banner_line, interrupt, shell_command
 from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -74,5 +77,28 @@ def test_sluice_up_tls_end_to_end(demo_repo: Path, tmp_path: Path) -> None:
             "infer", "--addr", f"localhost:{port}", "--tls", "--ca", ca, "--model", "mlp", "--random"
         )
         assert cli_infer.returncode == 0, cli_infer.stderr
+        _grow_as_printed(log, ca)
     finally:
         interrupt(process, etcd_port, log)
+
+
+def _grow_as_printed(log: Path, ca: str) -> None:
+    """The banner's commands carry each role its certificates: an added router serves TLS and reaches the
+    worker over mTLS; the drain line presents the operator's client certificate."""
+    env, argv = shell_command(banner_line(log, "add a router"))
+    port = free_port()
+    argv[argv.index("--listen") + 1] = f"127.0.0.1:{port}"
+    env = {**os.environ, **env}
+    router = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        infer = ["infer", "--addr", f"localhost:{port}", "--tls", "--ca", ca, "--model", "mlp", "--random"]
+        wait_until(lambda: sluice(*infer).returncode == 0, 60, "an answer through the added router")
+    finally:
+        router.send_signal(signal.SIGTERM)
+        assert router.wait(30) == 0
+    env, argv = shell_command(banner_line(log, "drain one"))
+    assert "worker-1" in argv
+    drained = subprocess.run(
+        argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert drained.returncode == 0, drained.stderr
