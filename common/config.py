@@ -278,8 +278,10 @@ class TenantSettings(_Section):
     """Fair share within a priority level, relative to the other tenants queued there."""
     default_priority: int = Field(default=2, ge=1)
     """Priority of requests that ask for 0 (or none)."""
-    max_priority: int = Field(default=1, ge=1)
-    """The best priority this tenant may use; requests asking for better are capped to it."""
+    max_priority: int = Field(default=2, ge=1)
+    """The best priority this tenant may use; requests asking for better are capped to it. Unset, it is
+    `default_priority`: a tenant is granted better than its default only explicitly (with 1 as the
+    default for everyone, any tenant could send priority 1 and evict the others' queued work)."""
     models: list[str] = ["*"]
     """Models this tenant may call (glob patterns)."""
     admin: bool = False
@@ -290,6 +292,13 @@ class TenantSettings(_Section):
     @classmethod
     def _hashed(cls, value: list[str]) -> list[str]:
         return _check_key_hashes(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grant_by_default(cls, data: object) -> object:
+        if isinstance(data, dict) and "max_priority" not in data and "default_priority" in data:
+            return {**data, "max_priority": data["default_priority"]}
+        return data
 
     @model_validator(mode="after")
     def _priorities_agree(self) -> TenantSettings:

@@ -6,7 +6,7 @@ import pytest
 
 from common.config import TenantSettings
 from common.errors import Code, SluiceError
-from router.policy.tenants import TenantDirectory, hash_api_key
+from router.policy.tenants import Tenant, TenantDirectory, hash_api_key
 
 GOLD = TenantSettings(
     api_keys=[hash_api_key("gold-key")], models=["mlp", "enc*"], default_priority=2, max_priority=1
@@ -58,3 +58,14 @@ def test_priorities_outside_the_configured_levels_are_invalid_argument() -> None
     assert bronze.priority(10, 10) == 10
     for hostile in (11, 12_345, 2**63 - 1, -1):
         assert code_of(lambda p=hostile: bronze.priority(p, 10)) == Code.INVALID_ARGUMENT
+
+
+def test_a_tenant_is_granted_better_than_its_default_priority_only_explicitly() -> None:
+    """With `max_priority` 1 for everyone, any tenant could send priority 1 and evict the others' queued
+    priority-2 work."""
+    plain = Tenant("plain", TenantSettings())
+    assert plain.priority(1, 10) == plain.priority(0, 10) == 2
+    low = Tenant("low", TenantSettings(default_priority=5))
+    assert low.priority(1, 10) == 5 and low.priority(7, 10) == 7
+    granted = Tenant("gold", TenantSettings(default_priority=2, max_priority=1))
+    assert granted.priority(1, 10) == 1 and granted.priority(0, 10) == 2
