@@ -337,6 +337,12 @@ class AdmissionSettings(_Section):
     share_floor: float = Field(default=0.1, ge=0.0, le=1.0)
     """ε: no router's share falls below ε/N of a limit, so a router admits a tenant's first requests at
     once; the shares of all routers then add up to at most (1 + ε) x the limit."""
+    max_routers: int = Field(default=100, ge=1, le=10_000)
+    """The most routers this cluster runs. Shares count at most this many (this router included), however
+    many records `routers/` holds, so records written by someone else cannot push this router's
+    fraction of a limit below `share_floor / max_routers` (nor the equal split below 1 / max_routers).
+    Set it to the largest router count you deploy: above it, shares are computed as if there were this
+    many routers, and the routers together may admit up to (live routers / max_routers) x the limit."""
     demand_window_s: float = Field(default=0.5, gt=0.0, le=60.0)
     """Time constant of the decaying request rate each router publishes as its demand: shares follow a
     move of the load within about two of these, plus two publish intervals."""

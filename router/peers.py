@@ -11,8 +11,9 @@ demand, in its `routers/<id>` record.
   same lease (docs/admission.md gives the cost).
 - While this router's registration cannot reach etcd (its keepalive failed) the peers' demand is stale:
   the core is told so and enforces the equal split over the routers last known, until etcd answers again.
-- A tenant override is a JSON object of TenantSettings fields merged over the tenant's config entry (or a
-  whole new tenant); a malformed override is logged and ignored, never applied half-way.
+- A tenant override is a JSON object of TenantSettings fields met with the tenant's config entry, which is
+  its ceiling: an override can revoke keys and tighten limits, never grant (router/policy/overrides.py),
+  and cannot create a tenant; a malformed override is logged and ignored, never applied half-way.
 - Both prefixes are followed through `follow_prefix`: no value (oversized, not JSON, nested to exhaust
   the parser) and no failure of this module stops following them; `watches` says whether each is being
   applied, and the router's health depends on it (router/status.py).
@@ -34,6 +35,7 @@ from common.etcd_watch import WatchHealth, decode_json_value, follow_prefix
 from router.driver import Driver
 from router.metrics import RouterMetrics
 from router.policy.demand import NO_DEMAND, Demand
+from router.policy.overrides import bound_override
 from router.policy.shares import OWN_GRACE_S
 from router.policy.tenants import TenantDirectory
 
@@ -45,21 +47,37 @@ def merge_overrides(
     overrides: dict[str, bytes],
     previous: dict[str, TenantSettings] | None = None,
 ) -> dict[str, TenantSettings]:
-    """Configured tenants with each valid etcd override applied on top. An invalid override is ignored:
-    the tenant keeps what was in force before it (`previous`), never a half-applied patch."""
+    """Configured tenants with each etcd override applied on top, held to the configuration: an override
+    only takes away (router/policy/overrides.py), and one for a tenant the configuration does not name is
+    refused (it would create a credential). A malformed override is ignored: the tenant keeps what was in
+    force before it (`previous`), never a half-applied patch."""
     merged = dict(configured)
     for name, raw in sorted(overrides.items()):
+        if name not in configured:
+            log.error(
+                "ignoring tenant override %r from etcd: no configured tenant has that name, and an override "
+                "cannot create one",
+                name[:64],
+            )
+            continue
         try:
             patch = decode_json_value(raw, what=f"tenant override {name!r}")
             if not isinstance(patch, dict):
                 raise TypeError("an override must be a JSON object")
-            base = configured[name].model_dump() if name in configured else {}
-            merged[name] = TenantSettings.model_validate({**base, **patch})
+            merged[name], loosened = bound_override(configured[name], patch)
         except (ValueError, TypeError, ValidationError) as exc:
             log.error("ignoring tenant override %r from etcd: %s", name[:64], str(exc)[:200])
             kept = (previous or {}).get(name)
             if kept is not None:
                 merged[name] = kept
+            continue
+        if loosened:
+            log.warning(
+                "tenant override %r from etcd asks for more than the configuration grants (%s): held to the "
+                "configuration, the rest applied",
+                name[:64],
+                ", ".join(loosened),
+            )
     return merged
 
 

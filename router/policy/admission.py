@@ -84,7 +84,11 @@ class AdmissionController:
         glob = Quota(settings.global_rate, settings.global_burst) if settings.global_rate else None
         self.limiter = RateLimiter(_quotas(tenants), glob, now)
         self.demand = DemandMeter(settings.demand_window_s)
-        self.book = ShareBook(follow_demand=settings.quota_shares == "demand", floor=settings.share_floor)
+        self.book = ShareBook(
+            follow_demand=settings.quota_shares == "demand",
+            floor=settings.share_floor,
+            max_routers=settings.max_routers,
+        )
 
     def set_tenants(self, tenants: dict[str, TenantSettings], now: float) -> None:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""

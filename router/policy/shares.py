@@ -19,6 +19,11 @@ to the smaller of old and new) and counts it in full only `OWN_GRACE_S` after th
 by then its peers, which apply a record as soon as their watch delivers it, have shrunk their shares.
 Shrinking is never delayed, so shares that grow wait for the ones that shrink. Without a view of the
 peers (the equal mode, or etcd unreachable) every router enforces 1/N, N the live routers it last knew.
+
+N is counted from the records under `routers/`, which anyone who can write etcd can add to, so it is
+capped at `admission.max_routers` (M): however many records (and whatever demand in them) etcd holds, a
+router's fraction of every limit stays at least ε/M, and the equal split at least 1/M. The demand sums
+still count every record; only the count is capped (docs/admission.md, "Records nobody vouches for").
 """
 
 from __future__ import annotations
@@ -71,9 +76,10 @@ class ShareBook:
     follow from it (module rules). Peers' sums are kept incrementally, so a peer's new record costs the
     size of that record, not of the whole view."""
 
-    def __init__(self, *, follow_demand: bool, floor: float) -> None:
+    def __init__(self, *, follow_demand: bool, floor: float, max_routers: int) -> None:
         self._follow = follow_demand
         self._floor = floor
+        self._max_routers = max(1, max_routers)
         self._own = NO_DEMAND
         """Own demand as counted in shares: at most what peers have had an interval to read."""
         self.published = NO_DEMAND
@@ -86,8 +92,8 @@ class ShareBook:
 
     @property
     def routers(self) -> int:
-        """Live routers, this one included."""
-        return len(self._peers) + 1
+        """Live routers, this one included, counted up to `max_routers` (module rules)."""
+        return min(len(self._peers) + 1, self._max_routers)
 
     def set_peers(self, peers: Mapping[str, Demand] | None) -> None:
         """The live peers and their published demand, or None: the view is stale (etcd unreachable), so

@@ -107,3 +107,23 @@ def test_a_tenant_override_that_would_exhaust_the_parser_is_ignored_and_the_rest
 def test_the_etcd_value_reader_turns_every_bad_value_into_a_value_error(raw: bytes, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         decode_json_value(raw, what="a value")
+
+
+def test_an_override_cannot_grant_admin_but_its_revocation_applies() -> None:
+    old, new = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    configured = {"t": TenantSettings(api_keys=[old, new], rate=60)}
+    merged = merge_overrides(configured, {"t": json.dumps({"admin": True, "api_keys": [new]}).encode()})
+    assert merged["t"].admin is False and merged["t"].api_keys == [new]
+
+
+def test_an_override_cannot_create_a_tenant_or_add_a_key() -> None:
+    key = "sha256:" + "3" * 64
+    configured = {"t": TenantSettings(rate=60)}
+    overrides = {
+        "mallory": json.dumps({"api_keys": [key], "admin": True}).encode(),
+        "anonymous": b"{}",  # would open key-less access
+        "t": json.dumps({"api_keys": [key], "rate": 1e9}).encode(),
+    }
+    merged = merge_overrides(configured, overrides)
+    assert set(merged) == {"t"}
+    assert merged["t"].api_keys == [] and merged["t"].rate == 60

@@ -63,7 +63,7 @@ def demand(**tenants: float) -> Demand:
 
 
 def test_routers_joining_leaving_and_dying_change_the_count_and_shares_follow() -> None:
-    book = ShareBook(follow_demand=True, floor=EPS)
+    book = ShareBook(follow_demand=True, floor=EPS, max_routers=100)
     assert book.shares(["t"]).of("t") == 1.0  # alone
     book.set_peers({"b": demand(t=150.0)})
     assert book.shares(["t"]).of("t") == pytest.approx(EPS / 2)  # b has it all: the floor
@@ -74,7 +74,7 @@ def test_routers_joining_leaving_and_dying_change_the_count_and_shares_follow() 
 
 
 def test_stale_view_falls_back_to_the_equal_split_over_the_routers_last_known() -> None:
-    book = ShareBook(follow_demand=True, floor=EPS)
+    book = ShareBook(follow_demand=True, floor=EPS, max_routers=100)
     book.set_peers({"b": demand(t=150.0), "c": demand()})
     book.set_peers(None)
     shares = book.shares(["t"])
@@ -84,7 +84,7 @@ def test_stale_view_falls_back_to_the_equal_split_over_the_routers_last_known() 
 
 
 def test_equal_mode_ignores_demand() -> None:
-    book = ShareBook(follow_demand=False, floor=EPS)
+    book = ShareBook(follow_demand=False, floor=EPS, max_routers=100)
     book.set_peers({"b": demand(t=150.0)})
     book.publish(demand(t=1.0))
     book.promote()
@@ -92,7 +92,7 @@ def test_equal_mode_ignores_demand() -> None:
 
 
 def test_own_demand_counts_when_lower_at_once_and_when_higher_once_peers_have_read_it() -> None:
-    book = ShareBook(follow_demand=True, floor=0.0)
+    book = ShareBook(follow_demand=True, floor=0.0, max_routers=100)
     book.set_peers({"b": demand(t=90.0)})
     book.publish(demand(t=90.0))
     assert book.shares(["t"]).of("t") == 0.0  # peers may not have read it yet
@@ -103,7 +103,7 @@ def test_own_demand_counts_when_lower_at_once_and_when_higher_once_peers_have_re
 
 
 def test_the_global_share_follows_total_demand() -> None:
-    book = ShareBook(follow_demand=True, floor=0.0)
+    book = ShareBook(follow_demand=True, floor=0.0, max_routers=100)
     book.set_peers({"b": Demand({"x": 30.0}, 300.0)})
     book.publish(Demand({"y": 100.0}, 100.0))
     book.promote()
@@ -112,13 +112,13 @@ def test_the_global_share_follows_total_demand() -> None:
 
 def test_incremental_peer_sums_match_a_fresh_count() -> None:
     rng = random.Random(7)
-    book = ShareBook(follow_demand=True, floor=0.0)
+    book = ShareBook(follow_demand=True, floor=0.0, max_routers=100)
     peers = {f"r{k}": demand() for k in range(20)}
     for _ in range(2000):
         router = rng.choice(list(peers))
         peers[router] = Demand({f"t{rng.randrange(5)}": rng.uniform(0, 100) for _ in range(3)}, 0.0)
         book.set_peers(dict(peers))
-    fresh = ShareBook(follow_demand=True, floor=0.0)
+    fresh = ShareBook(follow_demand=True, floor=0.0, max_routers=100)
     fresh.set_peers(dict(peers))
     tenants = [f"t{k}" for k in range(5)]
     book.publish(demand(t1=40.0))
@@ -127,6 +127,30 @@ def test_incremental_peer_sums_match_a_fresh_count() -> None:
     fresh.promote()
     for name in tenants:
         assert book.shares(tenants).of(name) == pytest.approx(fresh.shares(tenants).of(name))
+
+
+@pytest.mark.parametrize("fakes", [0, 3, 50, 10_000])
+def test_records_nobody_vouches_for_cannot_push_a_share_below_the_floor_over_max_routers(fakes: int) -> None:
+    """Whatever `routers/` holds — any number of records, any demand in them — this router keeps at least
+    ε / max_routers of every limit, and the equal split at least 1 / max_routers."""
+    max_routers = 4
+    book = ShareBook(follow_demand=True, floor=EPS, max_routers=max_routers)
+    peers = {"real": demand(t=30.0)} | {f"fake{k}": Demand({"t": 1e9}, 1e9) for k in range(fakes)}
+    book.set_peers(peers)
+    book.publish(demand(t=5.0))
+    book.promote()
+    shares = book.shares(["t"])
+    assert shares.of("t") >= EPS / max_routers - 1e-12
+    assert shares.cluster >= EPS / max_routers - 1e-12
+    assert book.routers == min(fakes + 2, max_routers)
+    book.set_peers(None)  # etcd out of reach: the equal split over the routers last known, capped too
+    assert book.shares(["t"]).of("t") >= 1 / max_routers
+
+
+def test_under_max_routers_the_count_is_exact() -> None:
+    book = ShareBook(follow_demand=True, floor=EPS, max_routers=3)
+    book.set_peers({"b": demand(t=150.0)})
+    assert book.routers == 2 and book.shares(["t"]).of("t") == pytest.approx(EPS / 2)
 
 
 # ------------------------------------------------------------------ clusters of admission controllers
