@@ -42,7 +42,7 @@ $(MODELS)/.generated: $(STAMP)
 
 models: $(MODELS)/.generated ## generate the demo models (mlp, mlp_onnx, encoder, synthetic) into models/
 
-run: $(STAMP) $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers
+run: $(STAMP) $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers; RUN_ARGS="--config F ..." adds `sluice up` flags
 	@$(VENV)/bin/sluice up --repository $(MODELS) $(RUN_ARGS)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict

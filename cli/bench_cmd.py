@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.parsing import SubcommandParser, add_command
+from cli.parsing import add_command
 
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
@@ -29,7 +29,7 @@ def _steps(text: str) -> list[float]:
     return steps
 
 
-def add_bench_parser(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
+def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     """Register `sluice bench` on the top-level subparsers."""
     bench = add_command(
         sub,

@@ -108,8 +108,9 @@ def subcommands(parser: argparse.ArgumentParser, dest: str) -> argparse._SubPars
 
 
 def add_command(
-    sub: argparse._SubParsersAction[SubcommandParser], name: str, what: str, settings: str, more: str = ""
-) -> SubcommandParser:
+    sub: argparse._SubParsersAction[Any], name: str, what: str, settings: str, more: str = ""
+) -> argparse.ArgumentParser:
     """A subcommand whose `sluice --help` line is `what` and whose own help opens with `what` and
     `settings` (then `more`)."""
-    return sub.add_parser(name, help=what, description=about(what, settings, more))
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=what, description=about(what, settings, more))
+    return parser

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.parsing import SubcommandParser, add_command
+from cli.parsing import add_command
 
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
@@ -30,7 +30,7 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
-def add_sim_parser(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
+def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
     """Register `sluice sim` on the top-level subparsers."""
     sim = add_command(
         sub,
