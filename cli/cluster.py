@@ -28,9 +28,14 @@ from common.local_cluster import (
     Interrupted,
     Supervisor,
     free_port,
+    reachable_host,
+    router_host,
+    router_listen,
     start_cluster,
     stop_cluster,
 )
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 def _serve_until_stopped(children: list[Child], stop: threading.Event) -> int:
@@ -51,12 +56,13 @@ def _shell_line(env: Mapping[str, str], *argv: str) -> str:
     return " ".join([*assignments, "sluice", *(shlex.quote(arg) for arg in argv)])
 
 
-def _spare_port(preferred: int, taken: set[int]) -> int:
-    """`preferred` if nothing of this cluster uses it and it can be bound now, else any free port."""
+def _spare_port(host: str, preferred: int, taken: set[int]) -> int:
+    """`preferred` if nothing of this cluster uses it and it can be bound on `host` now, else any free
+    port."""
     if preferred not in taken:
         try:
-            with socket.socket() as sock:
-                sock.bind(("0.0.0.0", preferred))
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+                sock.bind((host, preferred))
         except OSError:
             pass
         else:
@@ -70,8 +76,10 @@ def join_commands(args: argparse.Namespace, env: ClusterEnv) -> dict[str, str]:
     etcd = ["--etcd", f"127.0.0.1:{args.etcd_port}"]
     config = ["--config", str(args.config)] if args.config else []
     metrics = range(args.metrics_port, args.metrics_port + args.router_processes)
-    port = _spare_port(args.port + 2, {args.port, args.etcd_port, args.redis_port or 0, *metrics})
-    listen = ["--listen", f"0.0.0.0:{port}", "--metrics-port", "0"]
+    host = router_host(args)
+    port = _spare_port(host, args.port + 2, {args.port, args.etcd_port, args.redis_port or 0, *metrics})
+    added = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    listen = ["--listen", added, "--metrics-port", "0"]
     return {
         "worker": _shell_line(
             {**env.common, **env.worker}, "worker", *etcd, "--repository", str(args.repository), *config
@@ -83,14 +91,21 @@ def join_commands(args: argparse.Namespace, env: ClusterEnv) -> dict[str, str]:
     }
 
 
+def _client_target(args: argparse.Namespace) -> str:
+    """Where a client on this machine reaches the router (`localhost:PORT` over loopback)."""
+    host = reachable_host(router_host(args))
+    return f"localhost:{args.port}" if host == "127.0.0.1" else router_listen(args)
+
+
 def _try_commands(args: argparse.Namespace, env: ClusterEnv) -> list[str]:
     """A first request, a probe and the worker list, exact for this cluster's ports and TLS."""
     tls = [] if env.ca_file is None else ["--tls", "--ca", str(env.ca_file)]
-    addr = [] if args.port == 8001 else ["--addr", f"localhost:{args.port}"]
+    target = _client_target(args)
+    addr = [] if target == "localhost:8001" else ["--addr", target]
     etcd = [] if args.etcd_port == 2379 else ["--etcd", f"127.0.0.1:{args.etcd_port}"]
     return [
         _shell_line({}, "infer", *tls, *addr, "--model", "mlp", "--random"),
-        _shell_line({}, "health", *tls, f"localhost:{args.port}"),
+        _shell_line({}, "health", *tls, target),
         _shell_line({k: v for k, v in env.common.items() if k.startswith("SLUICE_ETCD__")}, "workers", *etcd),
     ]
 
@@ -101,10 +116,15 @@ def banner(args: argparse.Namespace, env: ClusterEnv, elapsed_s: float) -> str:
     tls = env.ca_file is not None
     lines = [
         f"Sluice is up in {elapsed_s:.1f} s:",
-        f"  router   localhost:{args.port}  (KServe v2 gRPC{', TLS' if tls else ''})",
+        f"  router   {_client_target(args)}  (KServe v2 gRPC{', TLS' if tls else ''})",
         f"  metrics  http://localhost:{args.metrics_port}/metrics",
         f"  etcd     127.0.0.1:{args.etcd_port}{' (TLS)' if tls else ''}",
     ]
+    if router_host(args) not in LOOPBACK_HOSTS:
+        lines.append(
+            f"  WARNING  the router listens on {router_host(args)}: without a --config whose tenants have "
+            "api_keys, anyone who reaches it may call every model and the admin RPCs"
+        )
     if env.certs:
         lines.append(f"  certs    {env.certs} (development CA: ca.pem)")
     if env.token_file:

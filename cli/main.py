@@ -59,6 +59,12 @@ def _add_up(sub: argparse._SubParsersAction[SubcommandParser]) -> None:
         default=1,
         help="router processes sharing the port (`sluice router --processes`; default 1)",
     )
+    up.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="where the router listens (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the "
+        "network, and without a --config that gives tenants api_keys anyone may call it, admin included)",
+    )
     up.add_argument("--port", type=int, default=8001, help="router gRPC port (default 8001)")
     up.add_argument("--metrics-port", type=int, default=8002, help="router /metrics port (default 8002)")
     up.add_argument(
@@ -119,6 +125,12 @@ def _add_process_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> 
     worker.add_argument("--advertise-host", help="host routers dial (default 127.0.0.1)")
     worker.add_argument("--metrics-port", type=int, help="/metrics port (default 0: pick one)")
     worker.add_argument("--worker-id", help="name in etcd (default hostname-pid)")
+    worker.add_argument(
+        "--dev",
+        action="store_true",
+        default=None,
+        help="development mode: accept the public token of deploy/overlays/dev (never in production)",
+    )
     add_etcd_flags(worker)
 
 
@@ -257,7 +269,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     section = {"router": "router", "worker": "worker"}.get(args.command)
     if section:
         for flag in ("listen", "metrics_port", "router_id", "repository", "device", "torch_threads",
-                     "advertise_host", "worker_id"):  # fmt: skip
+                     "advertise_host", "worker_id", "dev"):  # fmt: skip
             value = getattr(args, flag, None)
             if value is not None:
                 tree[section][flag] = value

@@ -248,6 +248,9 @@ class WorkerSettings(_Section):
     there (docs/operations.md, "Worker capacity"; figures in docs/benchmarks.md)."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """Longest a drain waits for in-flight batches before exiting anyway."""
+    dev: bool = False
+    """Development mode (`sluice worker --dev`): accept the cluster token that deploy/overlays/dev
+    publishes (common/dev_token.py). Anywhere reachable by others, leave it off: that token is public."""
     synthetic_slowdown: float = Field(default=1.0, gt=0)
     """Multiplies the simulated latency of `synthetic` models: makes this worker a slower device in
     scheduling tests and benchmarks. No effect on real models."""

@@ -7,6 +7,11 @@ etcd. If the launcher itself is killed, the kernel sends each child SIGTERM (PR_
 outlives it. Children are `python -m cli ...` processes: this module starts the command, it imports
 neither the router nor the worker.
 
+Everything listens on loopback unless told otherwise: the router's client port binds `host` (default
+127.0.0.1; `sluice up --host 0.0.0.0` opens it to the network), etcd, Redis and the workers bind
+127.0.0.1. The default config serves key-less callers as an unlimited `anonymous` tenant with open admin,
+which is only safe where nobody else can connect.
+
 The router ↔ worker hop is always authenticated (docs/security.md): by default with a random token made
 for this run (a 0600 file in the run's folder, removed at exit); with `--tls`, with mTLS from development
 certificates (`sluice certs dev`), and the client port and etcd speak TLS too. A `--config` that already
@@ -45,6 +50,8 @@ from common.dev_certs import has_dev_certs, write_dev_certs
 from common.exit_codes import EXIT_DEVICE_FAULT
 
 PR_SET_PDEATHSIG = 1
+LOOPBACK = "127.0.0.1"
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 TOKEN_ENV = "SLUICE_CLUSTER__TOKEN_FILE"
 STOP_TIMEOUT_S = 35.0
 RESTART_LIMIT = 3
@@ -53,7 +60,8 @@ RESTART_WINDOW_S = 60.0
 
 class ClusterArgs(Protocol):
     """What a cluster is started from: `sluice up`'s parsed arguments, or any object with these fields.
-    Also read when present: `config` (a sluice.yaml path), `tls` and `certs` (mTLS with development
+    Also read when present: `host` (where the router's client port binds; default loopback), `config` (a
+    sluice.yaml path), `tls` and `certs` (mTLS with development
     certificates, kept in `certs` or the run's folder), `redis_port` (start a Valkey there),
     `router_processes` (`sluice router --processes`: the router's metrics are then on consecutive ports)."""
 
@@ -86,6 +94,23 @@ class ClusterArgs(Protocol):
     def ready_timeout(self) -> float:
         """Seconds to wait for every worker to take batches."""
         ...
+
+
+def router_host(args: ClusterArgs) -> str:
+    """The host the router's client port (and its /metrics) binds: `args.host`, else loopback."""
+    host: str | None = getattr(args, "host", None)
+    return host or LOOPBACK
+
+
+def router_listen(args: ClusterArgs) -> str:
+    """The router's gRPC listen address (`127.0.0.1:8001` unless `host` says otherwise)."""
+    host = router_host(args)
+    return f"[{host}]:{args.port}" if ":" in host else f"{host}:{args.port}"
+
+
+def reachable_host(host: str) -> str:
+    """Where this machine reaches a listener bound to `host` (a wildcard address: over loopback)."""
+    return LOOPBACK if host in _WILDCARDS else host
 
 
 def _die_with_parent() -> None:
@@ -250,10 +275,11 @@ def _etcd_healthy(port: int, ca_file: Path | None = None) -> bool:
         return False
 
 
-def _workers_accepting(metrics_port: int, expected: int) -> bool:
+def _workers_accepting(host: str, metrics_port: int, expected: int) -> bool:
     """From the router's /metrics (no credential needed, whatever the tenants' keys or the port's TLS)."""
+    where = f"[{host}]" if ":" in host else host
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1) as reply:
+        with urllib.request.urlopen(f"http://{where}:{metrics_port}/metrics", timeout=1) as reply:
             text = reply.read().decode()
     except (urllib.error.URLError, OSError):
         return False
@@ -385,7 +411,7 @@ def start_cluster(
     children.append(
         Child(
             "router",
-            _sluice(*config, "router", "--listen", f"0.0.0.0:{args.port}",
+            _sluice(*config, "router", "--listen", router_listen(args),
                     "--metrics-port", str(args.metrics_port), "--etcd", etcd_endpoint,
                     "--router-id", "router-1", "--processes", str(router_processes)),
             log_dir,
@@ -403,7 +429,7 @@ def start_cluster(
             )
         )  # fmt: skip
     _wait_for(
-        lambda: _workers_accepting(args.metrics_port, args.workers),
+        lambda: _workers_accepting(reachable_host(router_host(args)), args.metrics_port, args.workers),
         args.ready_timeout,
         children,
         "workers",

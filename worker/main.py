@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from common.cluster_auth import TokenCheck, require_worker_credentials, worker_server_credentials
 from common.config import SluiceConfig
+from common.dev_token import refuse_dev_token
 from common.errors import Internal
 from common.etcd import LeasedKey, worker_key
 from common.exit_codes import EXIT_DEVICE_FAULT
@@ -101,6 +102,7 @@ class WorkerProcess:
         loaded) when the worker has no way to tell a router's batch from anyone else's."""
         settings = self.config.worker
         require_worker_credentials(self.config.cluster)
+        refuse_dev_token(self.config.cluster, dev=settings.dev)
         credentials = worker_server_credentials(self.config.cluster)
         await asyncio.to_thread(self._load_models)
         self.runner.start()

@@ -55,7 +55,7 @@ def test_a_token_cluster_prints_how_to_grow_it(tmp_path: Path) -> None:
         "models",
     ]
     router = lines["add a router"]
-    assert flag(router, "--listen").startswith("0.0.0.0:") and flag(router, "--listen") != "0.0.0.0:18001"
+    assert flag(router, "--listen").startswith("127.0.0.1:") and flag(router, "--listen") != "127.0.0.1:18001"
     assert flag(router, "--metrics-port") == "0"  # a free one: the cluster's router has 8002
     assert lines["drain one"][1:4] == ["sluice", "drain", "worker-2"]
     assert lines["infer"] == ["sluice", "infer", "--addr", "localhost:18001", "--model", "mlp", "--random"]
