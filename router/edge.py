@@ -110,6 +110,7 @@ def _doored(
     async def guarded(body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if (PROBE_KEY, door.probe_token) in (context.invocation_metadata() or ()):
             return PROBE_ANSWER  # the router's own probe: it measured the wait, nothing to serve
+        door.arrived()
         if not door.door.admit():
             door.metrics.door_refused.inc()
             await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
@@ -124,11 +125,13 @@ def _doored(
 
 @dataclass(frozen=True)
 class FrontDoor:
-    """The door, where its refusals are counted, and the token that marks the router's own probe."""
+    """The door, where its refusals are counted, the token that marks the router's own probe, and whom to
+    tell that a client call came in (the probe measures only while calls come)."""
 
     door: Door
     metrics: RouterMetrics
     probe_token: str
+    arrived: Callable[[], None]
 
 
 def _handler(

@@ -23,14 +23,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
-from common.cluster_auth import ClusterClient
+from common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
 from common.config import SluiceConfig
 from common.etcd import LeasedKey, router_key
 from common.grpc_gate import GateInterceptor
 from common.grpc_server import keepalive_options
 from common.metrics import MetricsEndpoint, listen_host
 from common.pb.inference import grpc_service_pb2
-from common.pb.sluice.v1 import admin_pb2
+from common.pb.sluice.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
 from common.telemetry import provider_from_environment, tracer
 from common.tls import server_credentials
 from router.auditor import CacheAuditor
@@ -48,6 +48,7 @@ from router.policy.budget import ByteBudget
 from router.policy.catalog import ModelCatalog
 from router.policy.core import RouterCore
 from router.policy.door import Door
+from router.policy.sealing import SealKeys
 from router.queue_probe import QueueProbe
 from router.servicer import InferenceServicer, RouterAdminServicer
 from router.status import INFERENCE_SERVICE, StatusLoop
@@ -106,7 +107,7 @@ class RouterServer:
             metrics=self.metrics,
             clock=self.clock,
         )
-        cluster = ClusterClient(config.cluster)
+        cluster = ClusterClient(config.cluster, caller=lambda: router_identity(self.router_id or "starting"))
         if not config.cluster.tls and config.cluster.token_value() is None:
             log.warning("no cluster.token and no cluster mTLS: workers will refuse this router's streams")
         self.membership = Membership(
@@ -118,9 +119,14 @@ class RouterServer:
             require_api_key=config.admission.require_api_key,
         )
         self.redis = open_redis(_redis_options(config)) if config.redis.url else None
-        self.cache = CacheGate(_cache_store(config, self.redis, self.clock), config.cache, self.metrics)
+        self.cache = CacheGate(
+            _cache_store(config, self.redis, self.clock, self.metrics), config.cache, self.metrics
+        )
         self.idempotency = IdempotencyGate(
-            _idempotency_store(config, self.redis, self.clock), config.idempotency, self.clock, self.metrics
+            _idempotency_store(config, self.redis, self.clock, self.metrics),
+            config.idempotency,
+            self.clock,
+            self.metrics,
         )
         backend = DriverBackend(self.driver)
         self.auditor = CacheAuditor(
@@ -129,7 +135,7 @@ class RouterServer:
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
         self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
-        self._queue_probe = QueueProbe(self.door, self.metrics)
+        self.queue_probe = QueueProbe(self.door, self.metrics)
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
@@ -167,7 +173,7 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        door = FrontDoor(self.door, self.metrics, self._queue_probe.token)
+        door = FrontDoor(self.door, self.metrics, self.queue_probe.token, self.queue_probe.arrived)
         inference = InferenceServicer(
             self.dataplane, settings=self.config.router, malformed=self.malformed, door=door
         )
@@ -185,10 +191,16 @@ class RouterServer:
         add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
         add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        # Operator tools find routers in etcd: this proves to them who answers before they send an admin key.
+        identity = router_identity_servicer(
+            self.config.cluster, lambda: self.router_id or "starting", self.clock
+        )
+        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, server)
         reflection.enable_server_reflection(
             (
                 INFERENCE_SERVICE,
                 admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+                worker_pb2.DESCRIPTOR.services_by_name["ClusterIdentity"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -210,7 +222,7 @@ class RouterServer:
         )
         self._servicers(server)
         self.port = self._bind(server)
-        server.add_insecure_port(self._queue_probe.address)
+        server.add_insecure_port(self.queue_probe.address)
         if self.port == 0:
             raise OSError(f"cannot bind router to {settings.listen}")
         await server.start()
@@ -227,7 +239,7 @@ class RouterServer:
         self.membership.start()
         self.peers.start(self.router_id, self._registration, advertised)
         self.status.start()
-        self._queue_probe.start()
+        self.queue_probe.start()
         await self._registration.start()
         log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
 
@@ -271,7 +283,7 @@ class RouterServer:
             ("peers", self.peers.stop, STOP_STEP_S),  # first: it publishes in the registration revoked next
             ("registration", self._revoke, STOP_STEP_S),
             ("status", self.status.stop, STOP_STEP_S),
-            ("queue probe", self._queue_probe.stop, STOP_STEP_S),
+            ("queue probe", self.queue_probe.stop, STOP_STEP_S),
             ("server", lambda: self._stop_server(grace), grace + STOP_STEP_S),
             ("auditor", self.auditor.stop, STOP_STEP_S),
             ("driver", self.driver.stop, STOP_STEP_S),
@@ -323,24 +335,43 @@ def _redis_options(config: SluiceConfig) -> RedisOptions:
     )
 
 
-def _cache_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> ResultCacheStore:
+def _seal_keys(config: SluiceConfig) -> SealKeys | None:
+    """The cluster's Redis HMAC keys (None without `redis.hmac_key`: in-process stores only)."""
+    keys = config.redis.hmac_keys()
+    return SealKeys(keys) if keys else None
+
+
+def _cache_store(
+    config: SluiceConfig, redis: Redis | None, clock: Clock, metrics: RouterMetrics
+) -> ResultCacheStore:
     cache = config.cache
     return ResultCacheStore(
         capacity_bytes=cache.memory_bytes,
         ttl_s=cache.ttl_s,
         redis=redis,
         prefix=config.redis.prefix,
+        keys=_seal_keys(config),
         clock=clock,
+        integrity_failed=metrics.store_integrity_failures.labels("cache").inc,
     )
 
 
-def _idempotency_store(config: SluiceConfig, redis: Redis | None, clock: Clock) -> IdempotencyStore:
-    if redis is None:
+def _idempotency_store(
+    config: SluiceConfig, redis: Redis | None, clock: Clock, metrics: RouterMetrics
+) -> IdempotencyStore:
+    keys = _seal_keys(config)
+    if redis is None or keys is None:
         idempotency = config.idempotency
         return InProcessIdempotencyStore(
             max_records=idempotency.max_records, max_bytes=idempotency.max_bytes, clock=clock
         )
-    return RedisIdempotencyStore(redis, prefix=config.redis.prefix, clock=clock)
+    return RedisIdempotencyStore(
+        redis,
+        keys=keys,
+        prefix=config.redis.prefix,
+        clock=clock,
+        integrity_failed=metrics.store_integrity_failures.labels("idempotency").inc,
+    )
 
 
 async def serve_router(config: SluiceConfig) -> None:

@@ -93,17 +93,22 @@ class StatusLoop:
 
     async def _run(self) -> None:
         while True:
-            now = self._clock.now()
             try:
-                self._watch_core(now)
-                self._export_watches()
-                await self._set_health()
-                self._export_queues(now)
-                self._export_cache()
-                self._export_desired(now)
+                await self.refresh()
             except Exception:  # a failing export must not stop health from being kept current
                 log.exception("the router's status pass failed")
             await asyncio.sleep(REFRESH_S)
+
+    async def refresh(self) -> None:
+        """One status pass. Its reads of the core cost a step per model and per non-empty lane, never
+        per shape a client ever sent."""
+        now = self._clock.now()
+        self._watch_core(now)
+        self._export_watches()
+        await self._set_health()
+        self._export_queues(now)
+        self._export_cache()
+        self._export_desired(now)
 
     def _watch_core(self, now: float) -> None:
         """The watchdog: a decision loop that died or stopped ticking fails what it held, once, and the
@@ -148,19 +153,12 @@ class StatusLoop:
 
     def _export_queues(self, now: float) -> None:
         core = self._driver.core
-        depth: dict[tuple[str, str], int] = {}
-        oldest: dict[tuple[str, str], float] = {}
-        for lane in core.queues.lanes.values():
-            key = (lane.key.model, lane.key.version)
-            depth[key] = depth.get(key, 0) + len(lane)
-            arrival = lane.oldest_arrival()
-            if arrival is not None:
-                oldest[key] = max(oldest.get(key, 0.0), now - arrival)
+        queued = core.queues.by_version(now)  # one step per non-empty lane, not per shape ever seen
         for name in self._catalog.names():
             for version in self._catalog.versions(name):
-                key = (name, version)
-                self._metrics.lane_depth.labels(name, version).set(depth.get(key, 0))
-                self._metrics.lane_oldest_age.labels(name, version).set(oldest.get(key, 0.0))
+                held = queued.get((name, version))
+                self._metrics.lane_depth.labels(name, version).set(held.depth if held else 0)
+                self._metrics.lane_oldest_age.labels(name, version).set(held.oldest_age_s if held else 0.0)
         self._metrics.queued_bytes.set(core.queues.queued_bytes())
         self._metrics.inflight_bytes.set(self._inflight_bytes.used)
         self._metrics.in_flight_batches.set(len(core.in_flight))
@@ -184,9 +182,7 @@ class StatusLoop:
         core = self._driver.core
         for name in self._catalog.names():
             record = self._catalog.resolve(name)
-            rows_per_s = sum(
-                stats.rate(now) for key, stats in core.queues.stats.items() if key.model == name
-            ) * max(1, self._peers.routers)
+            rows_per_s = core.queues.arrival_rate(name, now) * max(1, self._peers.routers)
             ready = sum(1 for w in core.workers if w.accepting and any(m == name for m, _ in w.models))
 
             def seconds(rows: int, model: str = name, version: str = record.version) -> float:

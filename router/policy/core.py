@@ -12,8 +12,9 @@ carry decisions out; every rule has its home here or in a module this one calls.
 
 Rules, and where they live:
 1. arrival: a deadline already passed → DEADLINE_EXCEEDED; no accepting worker serves the version →
-   UNAVAILABLE `no_worker`; then admission (quotas, deadline budget: admission.py) and the queue bounds
-   (queues.py), whose refusals and evictions end requests here.
+   UNAVAILABLE `no_worker`; then admission (quotas, deadline budget: admission.py), room for the lane's
+   shape (shapes.py: a new shape takes an idle one's place, or is refused UNAVAILABLE `too_many_shapes`)
+   and the queue bounds (queues.py), whose refusals and evictions end requests here.
 2. queued: a request still waiting at its latest start is shed (UNAVAILABLE while its deadline is ahead,
    DEADLINE_EXCEEDED after); each lane, most urgent first, is cut when the batcher says (batcher.py) and
    sent to the worker the chooser picks (scheduler.py) among those with a free place (workers.py).
@@ -29,7 +30,8 @@ Rules, and where they live:
 6. the version to serve and the deadline of a request are decided here too (`version_to_serve`,
    `deadline_for`, which the data plane calls).
 Invariants: a request is queued, dispatched or ended — exactly one; it ends exactly once, and releases
-its admission slot then; `now` is never defaulted.
+its admission slot then; `now` is never defaulted; state kept per lane shape (lanes, limits, waits,
+statistics, fits) exists only for shapes the `ShapeTable` holds.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Learned, Served
 from router.policy.queues import Queues
 from router.policy.scheduler import Chooser, Job, make_chooser
+from router.policy.shapes import ShapeTable
 from router.policy.workers import WorkerPool, WorkerSlot
 
 NO_WORKER_RETRY_S = 1.0
@@ -68,6 +71,8 @@ NO_WORKER_RETRY_S = 1.0
 WORKER_LOST_RETRY_S = 0.1
 """A worker vanished mid-batch: the request can be retried at once on another worker."""
 MIN_RETRY_S = 0.01
+SHAPES_BUSY_RETRY_S = 0.1
+"""Every shape of the model has queued or running work: one of them is idle once a batch is answered."""
 HANG_FACTOR = 10.0
 """A worker is hung once it holds work this many times longer than that work was expected to take (and
 at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
@@ -105,6 +110,7 @@ class RouterCore:
         batcher: Batcher | None = None,
         chooser: Chooser | None = None,
         rng: random.Random | None = None,
+        shapes: ShapeTable | None = None,
     ) -> None:
         self.settings = settings
         self.batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
@@ -128,6 +134,11 @@ class RouterCore:
         """Each lane's last batching decision that was to wait (see `_still_waiting`)."""
         self._lane_limits: dict[LaneKey, LaneLimits] = {}
         """Each lane's limits, kept for requests that are queued again after their lane emptied."""
+        self.shapes = ShapeTable() if shapes is None else shapes
+        """The lane shapes that hold state (the keys of `_lane_limits`, `_waiting`, the queues' statistics
+        and the shape fits are among them)."""
+        self._lane_batches: dict[LaneKey, int] = {}
+        """Batches in flight per lane (a shape with any is busy: never forgotten)."""
         self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
 
@@ -172,9 +183,10 @@ class RouterCore:
         elif not self.serves(key.model, key.version):
             self._end(decision, request, _no_worker(key))
         else:
-            self._lane_limits[key] = limits
             try:
                 self.admission.admit(request, limits, now, self)
+                self._make_room(key)
+                self._lane_limits[key] = limits
                 self._queue(decision, request)
             except SluiceError as refused:
                 self._end(decision, request, refused)
@@ -186,6 +198,26 @@ class RouterCore:
                     self._drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
         return decision
+
+    def _make_room(self, key: LaneKey) -> None:
+        """Keep state for the lane's shape: it takes the place of its model's least recently used idle
+        shape, whose state is dropped, or is refused when every shape of the model is busy."""
+        forgotten = self.shapes.use(key, self._busy)
+        if forgotten is None:
+            raise Unavailable(
+                f"model {key.model} has {self.shapes.limit} distinct input shapes queued or running; "
+                "configure shape buckets for its variable dims, or retry",
+                reason="too_many_shapes",
+                retry_after_s=SHAPES_BUSY_RETRY_S,
+            )
+        for idle in forgotten:
+            self.queues.forget(idle)
+            self._lane_limits.pop(idle, None)
+            self._waiting.pop(idle, None)
+            self.estimates.forget_shape(idle.model, idle.version, idle.shape)
+
+    def _busy(self, key: LaneKey) -> bool:
+        return self.queues.busy(key) or key in self._lane_batches
 
     def _queue(self, decision: Decision, request: QueuedRequest) -> None:
         """Queue a request; requests it evicts end UNAVAILABLE `shed` (raises if it does not fit)."""
@@ -498,6 +530,7 @@ class RouterCore:
             next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
         )
         self.in_flight[dispatch.batch_id] = dispatch
+        self._lane_batches[key] = self._lane_batches.get(key, 0) + 1
         for request in requests:
             self._item_batch[request.request_id] = dispatch.batch_id
         heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
@@ -526,7 +559,10 @@ class RouterCore:
         return slot
 
     def _forget_batch(self, dispatch: Dispatch) -> None:
-        self.in_flight.pop(dispatch.batch_id, None)
+        if self.in_flight.pop(dispatch.batch_id, None) is not None:
+            left = self._lane_batches.pop(dispatch.lane) - 1
+            if left:
+                self._lane_batches[dispatch.lane] = left
         for request in dispatch.requests:
             self._item_batch.pop(request.request_id, None)
 
@@ -650,6 +686,18 @@ class RouterCore:
         workers = max(1, len(self.workers.serving((key.model, key.version))))
         per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
         return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
+
+    def shape_state(self) -> dict[str, int]:
+        """Entries of each table kept per lane shape (each bounded by the `ShapeTable`'s limit per model)."""
+        return {
+            "shapes": len(self.shapes),
+            "lanes": len(self.queues.lanes),
+            "lane_stats": len(self.queues.stats),
+            "lane_limits": len(self._lane_limits),
+            "waiting": len(self._waiting),
+            "lanes_in_flight": len(self._lane_batches),
+            "fits": self.estimates.fits(),
+        }
 
     def accepting(self, worker_id: str) -> bool:
         """Whether the worker takes batches from this router now."""

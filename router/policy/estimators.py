@@ -6,7 +6,8 @@ size; each model version (and each lane shape, and each worker) keeps an exponen
 least-squares fit so the estimate follows drift (a GPU warming up, a noisy neighbour) within a few dozen
 batches. Until enough distinct batch sizes were seen, the fit is seeded from the worker's warm-up timings.
 Estimates are conservative where it matters: `a` and `b` never go negative, and admission multiplies by a
-margin (config `admission.estimate_margin`).
+margin (config `admission.estimate_margin`). A lane shape's fits last as long as the core keeps the shape
+(router/policy/shapes.py: a bounded number per model), then `forget_shape` drops them.
 
 Beside the fit, each model version keeps a best-case floor (`BestCase`): the fastest its batches have gone,
 at warm-up or live, never inflated by load and never decayed. Admission answers INVALID_ARGUMENT only to a
@@ -147,7 +148,8 @@ class ServiceEstimates:
     def __init__(self) -> None:
         self._models: dict[tuple[str, str], LatencyModel] = {}
         self._shapes: dict[tuple[str, str, Shape], LatencyModel] = {}
-        self._workers: dict[tuple[str, str, Shape, str], LatencyModel] = {}
+        self._workers: dict[tuple[str, str, Shape], dict[str, LatencyModel]] = {}
+        """Per lane shape (() for none), each worker's fit: a shape's fits are forgotten together."""
         self._priors: dict[tuple[str, str], dict[int, float]] = {}
         self._best: dict[tuple[str, str], BestCase] = {}
 
@@ -175,7 +177,8 @@ class ServiceEstimates:
         if shape:
             self._fit(self._shapes, (model, version, shape), model, version).observe(rows, seconds)
         if worker:
-            self._fit(self._workers, (model, version, shape, worker), model, version).observe(rows, seconds)
+            per_worker = self._workers.setdefault((model, version, shape), {})
+            self._fit(per_worker, worker, model, version).observe(rows, seconds)
 
     def _fit(self, fits: dict[Any, LatencyModel], key: Any, model: str, version: str) -> LatencyModel:
         """The fit under `key`, created with the model's warm-up prior."""
@@ -193,7 +196,7 @@ class ServiceEstimates:
         has reported enough, else the lane shape's fit across workers, else the model's across shapes (a
         bucket of long inputs and one of short inputs cost very differently per row)."""
         for fit in (
-            self._workers.get((model, version, shape, worker)) if worker else None,
+            self._workers.get((model, version, shape), {}).get(worker) if worker else None,
             self._shapes.get((model, version, shape)) if shape else None,
         ):
             if fit is not None and fit.observations >= WORKER_FIT_AFTER:
@@ -209,5 +212,17 @@ class ServiceEstimates:
 
     def forget_worker(self, worker: str) -> None:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
-        for key in [k for k in self._workers if k[3] == worker]:
-            del self._workers[key]
+        for key, per_worker in list(self._workers.items()):
+            per_worker.pop(worker, None)
+            if not per_worker:
+                del self._workers[key]
+
+    def forget_shape(self, model: str, version: str, shape: Shape) -> None:
+        """Drop a lane shape's fits, across workers and per worker (the shape went idle and its model
+        needs the room: router/policy/shapes.py); the version's own fit and floor stay."""
+        self._shapes.pop((model, version, shape), None)
+        self._workers.pop((model, version, shape), None)
+
+    def fits(self) -> int:
+        """Fits held: per version, per lane shape, per lane shape and worker."""
+        return len(self._models) + len(self._shapes) + sum(len(w) for w in self._workers.values())

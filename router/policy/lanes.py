@@ -1,7 +1,8 @@
 """Lanes: bounded queues of requests that may share a batch, ordered by priority, fair share, deadline.
 
-A lane is keyed by (model, resolved version, shape signature); the signature is the exact shape of every
-input without its leading batch dimension, so any two requests in a lane can be concatenated along dim 0.
+A lane is keyed by (model, resolved version, shape signature); the signature is the shape of every input
+without its leading batch dimension, variable dims padded to their bucket (common/buckets.py), so any two
+requests in a lane can be concatenated along dim 0. Per-shape state is bounded by router/policy/shapes.py.
 
 Order in which a lane hands out requests (`pop_next`):
 1. priority level (1 is the highest), with **aging**: a level competes as if it were one level higher for

@@ -5,7 +5,11 @@ Invariants:
   bytes and the soonest latest start are read off them, never kept twice);
 - with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
   `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request (worst
-  priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused.
+  priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused;
+- a lane exists only while it holds requests (`prune`); its statistics outlive it until the core forgets
+  its shape (router/policy/shapes.py bounds how many shapes a model keeps);
+- what the status pass reads (`by_version`, `arrival_rate`) costs one step per non-empty lane and per
+  model, however many shapes were ever seen.
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ from router.policy.lane_stats import LaneStats
 from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
 DrainSeconds = Callable[[LaneKey], float]
+
+
+@dataclass(frozen=True)
+class VersionQueue:
+    """What is queued for one model version, across its lanes."""
+
+    depth: int
+    """Requests queued."""
+    oldest_age_s: float
+    """How long the request that has waited longest has waited (0.0 when none)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,8 @@ class Queues:
         self.aging_s = aging_s
         self.lanes: dict[LaneKey, Lane] = {}
         self.stats: dict[LaneKey, LaneStats] = {}
+        self._arrivals: dict[str, LaneStats] = {}
+        """Rows arriving per model, over all its lanes (what the autoscaling signal reads)."""
         self._drain_seconds = drain_seconds
 
     def push(self, request: QueuedRequest, limits: LaneLimits) -> list[QueuedRequest]:
@@ -52,6 +68,7 @@ class Queues:
             self.remove(victim.request_id)
         lane.push(request)
         self.stats_of(request.lane).arrived(request.arrival, request.rows)
+        self._arrivals.setdefault(request.lane.model, LaneStats()).arrived(request.arrival, request.rows)
         return victims
 
     def stats_of(self, key: LaneKey) -> LaneStats:
@@ -121,6 +138,36 @@ class Queues:
         """Forget empty lanes (their statistics stay)."""
         for key in [k for k, lane in self.lanes.items() if not len(lane)]:
             del self.lanes[key]
+
+    def forget(self, key: LaneKey) -> None:
+        """Drop an idle shape's statistics (and its lane, which must be empty)."""
+        lane = self.lanes.get(key)
+        assert lane is None or not len(lane), "a lane holding requests is never forgotten"
+        self.lanes.pop(key, None)
+        self.stats.pop(key, None)
+
+    def busy(self, key: LaneKey) -> bool:
+        """Whether the lane holds requests."""
+        lane = self.lanes.get(key)
+        return lane is not None and len(lane) > 0
+
+    def by_version(self, now: float) -> dict[tuple[str, str], VersionQueue]:
+        """Depth and oldest wait per model version with anything queued."""
+        depth: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], float] = {}
+        for lane in self.lanes.values():
+            arrival = lane.oldest_arrival()
+            if arrival is None:
+                continue
+            version = (lane.key.model, lane.key.version)
+            depth[version] = depth.get(version, 0) + len(lane)
+            oldest[version] = max(oldest.get(version, 0.0), now - arrival)
+        return {version: VersionQueue(depth[version], oldest[version]) for version in depth}
+
+    def arrival_rate(self, model: str, now: float) -> float:
+        """Rows per second arriving recently for `model`, all versions and shapes together."""
+        arrivals = self._arrivals.get(model)
+        return 0.0 if arrivals is None else arrivals.rate(now)
 
     def rows_ahead(self, key: LaneKey, priority: int) -> int:
         """Rows a new request of `priority` would wait behind in the lane."""

@@ -24,7 +24,7 @@ async def test_a_failing_stop_step_still_closes_the_port_and_is_raised(
     make_router: MakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     router = await make_router()
-    probe_folder = Path(router._queue_probe.address.removeprefix("unix:")).parent
+    probe_folder = Path(router.queue_probe.address.removeprefix("unix:")).parent
     assert accepts(router.port) and probe_folder.exists()
 
     async def unreachable() -> None:

@@ -1,0 +1,47 @@
+"""Idle means idle at the front door: the router's queue probe calls itself only while client calls come in
+(or while the door is closing or reopening), never with no traffic, and not at all with the door off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from common.config import RouterSettings
+from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from tests.integration.conftest import MakeRouter
+from tests.integration.test_hostile_clients import synthetic_request
+
+pytestmark = pytest.mark.integration
+
+QUIET_S = 1.0
+"""Long enough for the old probe to send 20 calls (one per 50 ms)."""
+
+
+async def one_call(port: int) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError):  # no worker: the answer does not matter, the arrival does
+            await kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(synthetic_request(), timeout=5)
+
+
+async def test_the_probe_measures_only_while_calls_arrive(make_router: MakeRouter) -> None:
+    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_delay_ms=250)
+    router = await make_router(router=settings)
+    await asyncio.sleep(QUIET_S)
+    assert router.queue_probe.probes == 0
+    await one_call(router.port)
+    for _ in range(50):
+        if router.queue_probe.probes:
+            break
+        await asyncio.sleep(0.02)
+    assert router.queue_probe.probes == 1  # one call, one probe: it measured the queue that call met
+    await asyncio.sleep(QUIET_S)
+    assert router.queue_probe.probes == 1  # and nothing after, while no call comes
+
+
+async def test_with_the_door_off_nothing_is_probed(make_router: MakeRouter) -> None:
+    router = await make_router()  # the fixture turns the door off
+    await one_call(router.port)
+    await asyncio.sleep(0.3)
+    assert router.queue_probe.probes == 0
