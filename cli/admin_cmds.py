@@ -7,20 +7,28 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
 from cli.connect import add_connection_flags, aio_channel, channel, metadata
 from cli.parsing import ADMIN_KEY, FROM_CONFIG, SubcommandParser, add_command, add_etcd_flags, subcommands
+from common.cluster_auth import prove_router
+from common.cluster_proof import IdentityNotProven
 from common.config import SluiceConfig
 from common.etcd import ROUTERS, EtcdUnavailable, open_client
+from common.etcd_watch import decode_json_value
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
 
+T = TypeVar("T")
 EXIT_OK, EXIT_BAD_ARGS, EXIT_CONNECTION, EXIT_RPC = 0, 1, 2, 3
 CLEAR = "\x1b[H\x1b[2J"
 CACHE_SETTINGS = (
     FROM_CONFIG.format(example="SLUICE_ETCD__ENDPOINTS")
-    + " Routers are found in etcd; an admin API key from --api-key, else $SLUICE_API_KEY."
+    + " Routers are found in etcd; an admin API key from --api-key, else $SLUICE_API_KEY, goes only to a"
+    " router that proved it is the one its record names, with the cluster token"
+    " (SLUICE_CLUSTER__TOKEN_FILE) or, under cluster mTLS, a router certificate (SLUICE_CLUSTER__CA_FILE)."
 )
 
 
@@ -68,64 +76,105 @@ def add_admin_parsers(sub: argparse._SubParsersAction[SubcommandParser]) -> None
     add_connection_flags(stats)
 
 
-async def _router_addrs(config: SluiceConfig) -> dict[str, str]:
+MAX_ADDR_CHARS = 256
+
+
+async def _router_addrs(config: SluiceConfig) -> tuple[dict[str, str], int]:
+    """Router id → address from etcd's `routers/`, and how many records were skipped (each named on
+    stderr): a record is a claim, read as hostile input."""
     client = await open_client(config.etcd)
     try:
         found = await client.get_prefix((config.etcd.prefix + ROUTERS).encode())
     finally:
         await client.close()
-    return {kv.key.decode().rsplit("/", 1)[-1]: json.loads(kv.value)["addr"] for kv in found}
+    routers, skipped = {}, 0
+    for kv in found:
+        router_id = kv.key.decode(errors="replace").rsplit("/", 1)[-1]
+        try:
+            record = decode_json_value(kv.value, what="record")
+            addr = record.get("addr") if isinstance(record, dict) else None
+            if not isinstance(addr, str) or not 0 < len(addr) <= MAX_ADDR_CHARS:
+                raise ValueError("no usable 'addr' (a host:port string)")
+        except ValueError as exc:
+            skipped += 1
+            print(f"{router_id[:64]!r}: skipped, malformed router record: {str(exc)[:200]}", file=sys.stderr)
+            continue
+        routers[router_id] = addr
+    return routers, skipped
+
+
+async def _call_router(
+    config: SluiceConfig,
+    args: argparse.Namespace,
+    router_id: str,
+    addr: str,
+    call: Callable[[admin_pb2_grpc.RouterAdminAsyncStub, tuple[tuple[str, str], ...]], Awaitable[T]],
+) -> T | None:
+    """One admin call on a router found in etcd; the admin key goes only to a router that first proved it
+    is `routers/<router_id>` (common/cluster_auth.prove_router). None, with the reason on stderr, when it
+    did not or the call failed."""
+    auth = metadata(args)
+    try:
+        async with aio_channel(args, addr) as opened:
+            if auth:  # key-less local mode sends nothing secret: nothing to check first
+                await prove_router(opened, router_id, config.cluster)
+            return await call(admin_pb2_grpc.RouterAdminStub(opened), auth)
+    except IdentityNotProven as exc:
+        print(
+            f"{router_id}: admin key not sent: {addr!r} did not prove it is router {router_id!r}: {exc}",
+            file=sys.stderr,
+        )
+    except grpc.aio.AioRpcError as exc:
+        print(f"{router_id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+    return None
 
 
 async def cache_purge(config: SluiceConfig, args: argparse.Namespace) -> int:
     """Purge MODEL[:VERSION] on every router registered in etcd (each purges its memory; Redis once)."""
     model, _, version = args.model.partition(":")
     try:
-        routers = await _router_addrs(config)
+        routers, failed = await _router_addrs(config)
     except EtcdUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     if not routers:
         print("error: no router registered in etcd", file=sys.stderr)
         return EXIT_CONNECTION
-    failed = 0
+    request = admin_pb2.PurgeCacheRequest(model=model, version=version)
     for router_id, addr in sorted(routers.items()):
-        async with aio_channel(args, addr) as opened:
-            try:
-                reply = await admin_pb2_grpc.RouterAdminStub(opened).PurgeCache(
-                    admin_pb2.PurgeCacheRequest(model=model, version=version),
-                    timeout=10,
-                    metadata=metadata(args),
-                )
-            except grpc.aio.AioRpcError as exc:
-                failed += 1
-                print(f"{router_id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-                continue
+        reply = await _call_router(
+            config,
+            args,
+            router_id,
+            addr,
+            lambda stub, auth: stub.PurgeCache(request, timeout=10, metadata=auth),
+        )
+        if reply is None:
+            failed += 1
+            continue
         print(f"{router_id}: purged {reply.memory_entries} in memory, {reply.redis_entries} in Redis")
     return EXIT_RPC if failed else EXIT_OK
 
 
 async def cache_stats(config: SluiceConfig, args: argparse.Namespace) -> int:
-    """Print the cache counters of every live router (exit 3 if one of them did not answer)."""
+    """Print the cache counters of every live router (exit 3 if a record was malformed or a router did
+    not answer)."""
     try:
-        routers = await _router_addrs(config)
+        routers, failed = await _router_addrs(config)
     except EtcdUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     print(
         f"{'ROUTER':<28} {'HITS':>8} {'MISSES':>8} {'BYPASS':>7} {'EVICT':>7} {'ENTRIES':>8} {'MB':>7} REDIS"
     )
-    failed = 0
+    request = admin_pb2.GetStatsRequest()
     for router_id, addr in sorted(routers.items()):
-        async with aio_channel(args, addr) as opened:
-            try:
-                stats = await admin_pb2_grpc.RouterAdminStub(opened).GetStats(
-                    admin_pb2.GetStatsRequest(), timeout=5, metadata=metadata(args)
-                )
-            except grpc.aio.AioRpcError as exc:
-                failed += 1
-                print(f"{router_id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-                continue
+        stats = await _call_router(
+            config, args, router_id, addr, lambda stub, auth: stub.GetStats(request, timeout=5, metadata=auth)
+        )
+        if stats is None:
+            failed += 1
+            continue
         c = stats.cache
         redis = "down" if c.redis_down else "ok"
         disabled = f"  disabled digests: {', '.join(c.disabled_digests)}" if c.disabled_digests else ""

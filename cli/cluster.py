@@ -80,9 +80,12 @@ def join_commands(args: argparse.Namespace, env: ClusterEnv) -> dict[str, str]:
     port = _spare_port(host, args.port + 2, {args.port, args.etcd_port, args.redis_port or 0, *metrics})
     added = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     listen = ["--listen", added, "--metrics-port", "0"]
+    # Under --tls a worker's certificate names its id: the added worker gets the next id and its own.
+    worker_id = f"worker-{args.workers + 1}"
+    worker = ["--worker-id", worker_id] if env.certs is not None else []
     return {
         "worker": _shell_line(
-            {**env.common, **env.worker}, "worker", *etcd, "--repository", str(args.repository), *config
+            env.worker_env(worker_id), "worker", *etcd, "--repository", str(args.repository), *worker, *config
         ),
         "router": _shell_line({**env.common, **env.router}, "router", *etcd, *listen, *config),
         "drain": _shell_line(

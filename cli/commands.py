@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
 from cli.connect import channel, metadata
-from common.cluster_auth import ClusterClient
+from common.cluster_auth import DRAIN_METHOD, ClusterClient
+from common.cluster_proof import IdentityNotProven
 from common.config import SluiceConfig
 from common.etcd import WORKERS, EtcdUnavailable, open_client
 from common.pb.inference import grpc_service_pb2 as kserve
@@ -192,15 +193,22 @@ async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
             f"error: no worker {worker_id!r} in etcd (known: {', '.join(sorted(records))})", file=sys.stderr
         )
         return 1
-    cluster = ClusterClient(config.cluster)
-    async with cluster.channel(record.addr) as opened:
-        try:
+    cluster = ClusterClient(config.cluster)  # without credentials the worker refuses: UNAUTHENTICATED
+    try:
+        async with cluster.channel(record.addr, worker_id) as opened:
+            # The worker proves it is `worker_id` before anything that proves who we are is sent.
+            metadata = await cluster.authenticate(opened, worker_id, DRAIN_METHOD)
             reply = await admin_pb2_grpc.WorkerAdminStub(opened).Drain(
-                admin_pb2.DrainRequest(wait_s=wait_s), timeout=wait_s + 5.0, metadata=cluster.metadata
+                admin_pb2.DrainRequest(wait_s=wait_s), timeout=wait_s + 5.0, metadata=metadata
             )
-        except grpc.aio.AioRpcError as exc:
-            print(f"error: drain failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return EXIT_RPC
+    except IdentityNotProven as exc:
+        print(
+            f"error: {record.addr[:128]!r} did not prove it is worker {worker_id!r}: {exc}", file=sys.stderr
+        )
+        return EXIT_RPC
+    except grpc.aio.AioRpcError as exc:
+        print(f"error: drain failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return EXIT_RPC
     state = worker_pb2.WorkerState.Name(reply.state)
     print(f"worker {worker_id}: {state}, {reply.in_flight_batches} batch(es) in flight")
     return EXIT_OK
@@ -217,11 +225,22 @@ def hash_key(key: str) -> int:
     return EXIT_OK
 
 
-def certs_dev(directory: Path) -> int:
-    """Write the development CA and certificates (common/dev_certs.py)."""
-    from common.dev_certs import write_dev_certs
+def certs_dev(directory: Path, worker_ids: tuple[str, ...] = ()) -> int:
+    """Write the development CA and certificates (common/dev_certs.py); with `worker_ids` and a CA already
+    in `directory`, only those workers' certificates, from that CA."""
+    from common.dev_certs import issue_worker_certificate, write_dev_certs
 
-    for path in write_dev_certs(directory):
+    try:
+        if worker_ids and (directory / "ca-key.pem").exists():
+            written = [
+                path for worker_id in worker_ids for path in issue_worker_certificate(directory, worker_id)
+            ]
+        else:
+            written = write_dev_certs(directory, worker_ids)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
         print(f"wrote {path}")
     print("development use only: the CA key (ca-key.pem) can sign anything these files trust")
     return EXIT_OK

@@ -211,6 +211,14 @@ def _add_tool_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> Non
         FROM_FLAGS,
     )
     dev.add_argument("directory", type=Path, metavar="DIR", help="where to write them (created if missing)")
+    dev.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also issue the certificate of worker ID (DIR/workers/ID.pem, naming ID.worker.sluice); "
+        "with a CA already in DIR, only that (repeatable)",
+    )
 
     models = add_command(
         sub, "models", "Model repository tools: `sluice models init`, `sluice models check DIR`.", FROM_FLAGS
@@ -297,7 +305,7 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     if args.command == "health":
         return commands.health(args)
     if args.command == "certs":
-        return commands.certs_dev(args.directory)
+        return commands.certs_dev(args.directory, tuple(args.worker))
     if args.command == "infer":
         return commands.infer(args)
     if args.command == "bench":

@@ -447,8 +447,10 @@ class ClusterSettings(_Section):
     """The router ↔ worker hop: settings both ends must agree on, and how each end proves who it is.
 
     A worker runs only batches it can attribute to a router: with mTLS (`cert_file`, `key_file`,
-    `ca_file`), a client certificate signed by the cluster CA; with a token, the token in the call's
-    metadata. A worker with neither refuses to start. Every credential configured is required.
+    `ca_file`), a client certificate signed by the cluster CA naming a router; with a token, a proof of
+    the token over a challenge the worker issued (the token itself is never sent). Callers send nothing
+    to an address from etcd before the peer proved the identity its record claims (docs/security.md). A
+    worker with neither refuses to start. Every credential configured is required.
     """
 
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -461,13 +463,14 @@ class ClusterSettings(_Section):
     """PEM private key of `cert_file`."""
     ca_file: Path | None = None
     """PEM bundle of the cluster CA: workers accept only client certificates it signed, routers only
-    worker certificates it signed. During a CA rotation it holds the old and the new CA."""
-    server_name: str | None = None
-    """Name routers expect in worker certificates (a DNS SAN) instead of the host they dial: needed when
-    workers register pod IPs that their certificate cannot name (e.g. `sluice-worker`)."""
+    worker certificates it signed, each naming the worker id dialled (`<worker-id>.worker.sluice`, not
+    the address: no `server_name` is needed for pod IPs). During a CA rotation it holds the old and the
+    new CA."""
     token: SecretStr | None = None
-    """Shared secret routers (and `sluice drain`) send to workers in the `sluice-cluster-token` metadata,
-    compared in constant time; at least 16 characters. Prefer `token_file`. Never logged."""
+    """Shared secret of routers, workers and operator tools. Never sent: each end proves it holds it
+    with an HMAC over a fresh challenge (docs/security.md); at least 16 characters, random ones
+    (`openssl rand -hex 32`) since every proof is an offline guess-check. Prefer `token_file`. Never
+    logged."""
     token_file: Path | None = None
     """File holding `token` (a mounted Kubernetes Secret), read once at start."""
     accepted_tokens: list[SecretStr] = []

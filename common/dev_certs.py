@@ -2,9 +2,12 @@
 local cluster launcher for `sluice up --tls` (common/local_cluster.py), and by tests. Not for production
 (docs/security.md says what to use there).
 
-One CA signs everything. Extended key usages keep the roles apart where it matters: workers accept only
-client certificates (`clientAuth`: router-client, admin-client), so a worker's own server certificate
-cannot be used to call another worker. Keys are ECDSA P-256, written 0600; certificates live 30 days.
+One CA signs everything. Certificates name the identity they prove (common/cluster_identity.py): each
+worker gets its own, naming `<worker-id>.worker.sluice` (`issue_worker_certificate`, under `workers/`),
+so a router can tell the worker a record claims from any other holder of a cluster certificate; router
+clients name `router.sluice`, operator tools `admin.sluice`. Extended key usages keep serving and calling
+apart: a worker's certificate (`serverAuth`) cannot call another worker. Keys are ECDSA P-256, written
+0600; certificates live 30 days.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.cluster_identity import ADMIN_NAME, ROUTER_NAME, worker_tls_name
+
 VALID_DAYS = 30
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
-WORKER_NAME = "sluice-worker"
-"""A DNS name every worker certificate carries, for `cluster.server_name` where addresses are pod IPs."""
+WORKERS_FOLDER = "workers"
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,11 @@ class Leaf:
 
 LEAVES = (
     Leaf("router", LOCAL_NAMES, server=True),  # the client port
-    Leaf("worker", (*LOCAL_NAMES, WORKER_NAME), server=True),  # the worker stream port
     Leaf("etcd", LOCAL_NAMES, server=True),
-    Leaf("router-client", ("sluice-router",), server=False),  # routers dialling workers
-    Leaf("admin-client", ("sluice-admin",), server=False),  # `sluice drain` and other operator tools
+    Leaf("router-client", (ROUTER_NAME,), server=False),  # routers dialling workers
+    Leaf("admin-client", (ADMIN_NAME,), server=False),  # `sluice drain` and other operator tools
 )
+"""Worker certificates are per worker id: `issue_worker_certificate`."""
 
 
 _CA_USAGE = x509.KeyUsage(
@@ -100,9 +104,30 @@ def _builder(
     )
 
 
-def write_dev_certs(directory: Path) -> list[Path]:
-    """Write ca.pem (+ ca-key.pem) and `<stem>.pem` / `<stem>-key.pem` for each of `LEAVES`; return the
-    paths written."""
+def _issue(
+    directory: Path, stem: str, leaf: Leaf, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
+) -> tuple[Path, Path]:
+    key = _key()
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if leaf.server else ExtendedKeyUsageOID.CLIENT_AUTH
+    cert = (
+        _builder(f"sluice {leaf.stem}", ca.subject, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(_san(leaf.names), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{stem}.pem", directory / f"{stem}-key.pem"
+    _write_cert(cert_path, cert)
+    _write_key(key_path, key)
+    return cert_path, key_path
+
+
+def write_dev_certs(directory: Path, worker_ids: tuple[str, ...] = ()) -> list[Path]:
+    """Write ca.pem (+ ca-key.pem), `<stem>.pem` / `<stem>-key.pem` for each of `LEAVES`, and a
+    certificate for each of `worker_ids`; return the paths written."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Sluice development CA")])
@@ -117,26 +142,43 @@ def write_dev_certs(directory: Path) -> list[Path]:
     _write_cert(written[0], ca)
     _write_key(written[1], ca_key)
     for leaf in LEAVES:
-        key = _key()
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if leaf.server else ExtendedKeyUsageOID.CLIENT_AUTH
-        cert = (
-            _builder(f"sluice {leaf.stem}", ca_name, key.public_key())
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(_san(leaf.names), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        cert_path, key_path = directory / f"{leaf.stem}.pem", directory / f"{leaf.stem}-key.pem"
-        _write_cert(cert_path, cert)
-        _write_key(key_path, key)
-        written += [cert_path, key_path]
+        written += _issue(directory, leaf.stem, leaf, ca, ca_key)
+    for worker_id in worker_ids:
+        written += issue_worker_certificate(directory, worker_id)
     return written
 
 
+def worker_certificate_paths(directory: Path, worker_id: str) -> tuple[Path, Path]:
+    """Where `issue_worker_certificate` writes a worker's certificate and key."""
+    folder = directory / WORKERS_FOLDER
+    return folder / f"{worker_id}.pem", folder / f"{worker_id}-key.pem"
+
+
+def issue_worker_certificate(directory: Path, worker_id: str) -> tuple[Path, Path]:
+    """Issue, with the CA in `directory`, the certificate of one worker: it names
+    `<worker_id>.worker.sluice` (and the local names, for `sluice health --tls`). Returns the certificate
+    and key paths (`workers/<worker_id>.pem`, `workers/<worker_id>-key.pem`)."""
+    name = worker_tls_name(worker_id)  # ValueError for an id no certificate can name
+    ca = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca-key.pem").read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / 'ca-key.pem'}: not the development CA's key")
+    folder = directory / WORKERS_FOLDER
+    folder.mkdir(exist_ok=True)
+    return _issue(
+        folder, worker_id, Leaf(f"worker {worker_id}", (name, *LOCAL_NAMES), server=True), ca, ca_key
+    )
+
+
 def has_dev_certs(directory: Path) -> bool:
-    """Whether `directory` already holds a full set (so `sluice up --tls --certs DIR` reuses it)."""
+    """Whether `directory` already holds a full set of this layout (so `sluice up --tls --certs DIR`
+    reuses it); a set from before per-worker certificates (router clients naming `sluice-router`) is not."""
     stems = ["ca", *(leaf.stem for leaf in LEAVES)]
-    return all((directory / f"{stem}.pem").exists() for stem in stems)
+    if not all((directory / f"{stem}.pem").exists() for stem in stems):
+        return False
+    client = x509.load_pem_x509_certificate((directory / "router-client.pem").read_bytes())
+    try:
+        names = client.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return ROUTER_NAME in names.get_values_for_type(x509.DNSName)

@@ -25,8 +25,10 @@ OPEN_PREFIXES = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
+    "/sluice.v1.ClusterIdentity/",
 )
-"""Services any caller may use: Kubernetes probes and service discovery carry no credentials."""
+"""Services any caller may use: Kubernetes probes and service discovery carry no credentials, and the
+identity challenge (common/cluster_auth.py) is how a caller decides whether to send one."""
 
 
 def is_open(method: str) -> bool:
@@ -62,14 +64,64 @@ def refusal(handler: Handler, err: SluiceError) -> Handler:
 CallCheck: TypeAlias = Callable[[str, Any], None]
 """`check(method, invocation_metadata)`: returns when the call may proceed, raises Unauthenticated or
 PermissionDenied when not."""
+PeerCheck: TypeAlias = Callable[[str, Any], None]
+"""`check(method, context)`, for what only the call's context knows (the TLS peer's certificate): runs as
+the handler starts, before a streamed request is read (a unary request has been read by then)."""
+
+
+def guarded(handler: Handler, method: str, check: PeerCheck) -> Handler:
+    """`handler` with `check(method, context)` first; a refusal ends the call through `abort`."""
+
+    async def refuse_unless_allowed(context: Any) -> None:
+        try:
+            check(method, context)
+        except (Unauthenticated, PermissionDenied) as err:
+            await abort(context, err)
+
+    kinds: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def one_one(request: Any, context: Any) -> Any:
+            await refuse_unless_allowed(context)
+            return await unary_unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(one_one, **kinds)
+    if handler.stream_unary is not None:
+        stream_unary = handler.stream_unary
+
+        async def many_one(requests: Any, context: Any) -> Any:
+            await refuse_unless_allowed(context)
+            return await stream_unary(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(many_one, **kinds)
+    streaming: Any = handler.unary_stream or handler.stream_stream
+    assert streaming is not None
+
+    async def to_many(request: Any, context: Any) -> AsyncIterator[Any]:
+        await refuse_unless_allowed(context)
+        async for response in streaming(request, context):
+            yield response
+
+    make = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.unary_stream
+        else grpc.stream_stream_rpc_method_handler
+    )
+    return make(to_many, **kinds)
 
 
 class GateInterceptor(grpc.aio.ServerInterceptor):
     """Applies a `CallCheck` to every call: the method's own handler when it passes, else a `refusal`
-    (nothing of the request is read). Methods the server does not have stay UNIMPLEMENTED."""
+    (nothing of the request is read); with a `PeerCheck`, the handler that passes is `guarded` by it.
+    Methods the server does not have stay UNIMPLEMENTED."""
 
-    def __init__(self, check: CallCheck) -> None:
+    def __init__(self, check: CallCheck, peer_check: PeerCheck | None = None) -> None:
         self._check = check
+        self._peer_check = peer_check
 
     async def intercept_service(
         self,
@@ -84,4 +136,6 @@ class GateInterceptor(grpc.aio.ServerInterceptor):
             self._check(handler_call_details.method, handler_call_details.invocation_metadata)
         except (Unauthenticated, PermissionDenied) as err:
             return refusal(handler, err)
-        return handler
+        if self._peer_check is None:
+            return handler
+        return guarded(handler, handler_call_details.method, self._peer_check)

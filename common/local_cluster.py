@@ -46,7 +46,12 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from common.config import load_config
-from common.dev_certs import has_dev_certs, write_dev_certs
+from common.dev_certs import (
+    has_dev_certs,
+    issue_worker_certificate,
+    worker_certificate_paths,
+    write_dev_certs,
+)
 from common.exit_codes import EXIT_DEVICE_FAULT
 
 PR_SET_PDEATHSIG = 1
@@ -335,14 +340,21 @@ class ClusterEnv:
             "SLUICE_CLUSTER__CERT_FILE": str(certs / "router-client.pem"),
             "SLUICE_CLUSTER__KEY_FILE": str(certs / "router-client-key.pem"),
         }
-        self.worker = {
-            "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
-            "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
-        }
         self.operator = {
             "SLUICE_CLUSTER__CERT_FILE": str(certs / "admin-client.pem"),
             "SLUICE_CLUSTER__KEY_FILE": str(certs / "admin-client-key.pem"),
         }
+
+    def worker_env(self, worker_id: str) -> dict[str, str]:
+        """The environment of the worker `worker_id`: the run's credentials and, under --tls, a
+        certificate of its own (issued by the run's CA on first use), since routers accept only a worker
+        certificate naming the id of the record they dial."""
+        if self.certs is None:
+            return {**self.common, **self.worker}
+        cert, key = worker_certificate_paths(self.certs, worker_id)
+        if not (cert.exists() and key.exists()):
+            issue_worker_certificate(self.certs, worker_id)
+        return {**self.common, "SLUICE_CLUSTER__CERT_FILE": str(cert), "SLUICE_CLUSTER__KEY_FILE": str(key)}
 
     def etcd_flags(self, endpoint: str, peer: int) -> list[str]:
         """etcd's listener flags: https with the development certificate under --tls."""
@@ -425,7 +437,7 @@ def start_cluster(
                 _sluice(*config, "worker", "--repository", str(args.repository), "--etcd", etcd_endpoint,
                         "--worker-id", f"worker-{index}"),
                 log_dir,
-                {**env.common, **env.worker},
+                env.worker_env(f"worker-{index}"),
             )
         )  # fmt: skip
     _wait_for(

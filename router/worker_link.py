@@ -1,9 +1,12 @@
 """One bidirectional stream to one worker (DESIGN.md: sluice/v1/worker.proto), and the set of them.
 
-A link only moves messages (over the cluster's mTLS or with its token, common/cluster_auth.py): `send`
-queues a RouterMessage for the writer, every WorkerMessage read is handed to `on_message` (the driver),
-the first one also to `on_up`, and when the stream ends for any reason `on_closed` is called exactly once
-with the link itself (so a stale link can be told from the current one).
+A link only moves messages: `send` queues a RouterMessage for the writer, every WorkerMessage read is
+handed to `on_message` (the driver), the first one also to `on_up`, and when the stream ends for any
+reason `on_closed` is called exactly once with the link itself (so a stale link can be told from the
+current one).
+Before the stream opens, the worker proves it is the worker its etcd record claims (common/cluster_auth.py:
+under mTLS its certificate names the id, with a token it answers a challenge); an address that cannot is
+sent nothing but a nonce, and the link closes with the reason.
 A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the heartbeat watch in
 router/membership.py closes its stream after 0.8 s without a message (load reports come every 0.25 s).
 gRPC keepalive pings every 500 ms with a 500 ms ack deadline back that up (gRPC alone takes ~1.5 s).
@@ -17,7 +20,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from common.cluster_auth import ClusterClient
+from common.cluster_auth import STREAM_METHOD, ClusterClient
+from common.cluster_proof import IdentityNotProven
 from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -99,9 +103,9 @@ class WorkerLink:
     async def _run(self) -> None:
         reason = "stream ended"
         try:
-            async with self._cluster.channel(self.addr, self._options) as channel:
-                stub = worker_pb2_grpc.WorkerStub(channel)
-                call = stub.Stream(self._requests(), metadata=self._cluster.metadata)
+            async with self._cluster.channel(self.addr, self.worker_id, self._options) as channel:
+                metadata = await self._cluster.authenticate(channel, self.worker_id, STREAM_METHOD)
+                call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests(), metadata=metadata)
                 async for message in call:
                     self.last_message = asyncio.get_running_loop().time()
                     if message.HasField("load"):
@@ -112,6 +116,8 @@ class WorkerLink:
                     self._on_message(self.worker_id, message)
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
+        except IdentityNotProven as exc:
+            reason = f"{self.addr} did not prove it is worker {self.worker_id}: {exc}"
         except asyncio.CancelledError:
             reason = "closed by router"
         finally:

@@ -1,33 +1,62 @@
-"""The worker port's gate: `sluice.v1.Worker/Stream` and `sluice.v1.WorkerAdmin/*` need the cluster token
-(when one is configured; mTLS is enforced by the TLS handshake itself, before any call exists).
+"""The worker port's gate: `sluice.v1.Worker/Stream` and `sluice.v1.WorkerAdmin/*` only for callers that
+proved they belong to the cluster (docs/security.md, "Router → worker").
 
-Decided before the request is read (`common.grpc_gate.GateInterceptor`): a refused stream reads no batch.
-Health and reflection stay open for probes. Anything else on the port needs the token too (fail closed).
+- Token: the caller's proof (common/cluster_proof.py) over a challenge this worker issued, for this very
+  method, once; checked on the metadata before the request is read (`common.grpc_gate.GateInterceptor`),
+  so a refused stream reads no batch.
+- mTLS: the TLS handshake already required a client certificate from the cluster CA; on top, a stream
+  needs one naming a router (`router.sluice`) and an admin call one naming a router or an operator tool
+  (`admin.sluice`), checked as the handler starts (before a stream's first batch is read).
+Health, reflection and `ClusterIdentity` stay open. Anything else on the port is closed (fail closed).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from common.cluster_auth import TOKEN_HEADER, TokenCheck
-from common.errors import Unauthenticated
-from common.grpc_gate import is_open, metadata_value
+from common.clock import Clock
+from common.cluster_auth import STREAM_METHOD, caller_claim, worker_identity
+from common.cluster_identity import ADMIN_NAME, ROUTER_NAME, peer_names
+from common.cluster_proof import ProofIssuer
+from common.errors import PermissionDenied
+from common.grpc_gate import is_open
 
 
-class ClusterTokenGate:
-    """A `CallCheck`: UNAUTHENTICATED unless the call carries an accepted cluster token."""
+class ClusterProofGate:
+    """A `CallCheck`: UNAUTHENTICATED unless the call carries a valid caller proof (token clusters)."""
 
-    def __init__(self, tokens: TokenCheck) -> None:
-        self._tokens = tokens
+    def __init__(self, worker_id: str, issuer: ProofIssuer, clock: Clock) -> None:
+        self._identity = worker_identity(worker_id)
+        self._issuer = issuer
+        self._clock = clock
 
     def __call__(self, method: str, metadata: Any) -> None:
-        """Return for open methods and calls with an accepted token; raise Unauthenticated otherwise."""
+        """Return for open methods and proven callers; raise Unauthenticated otherwise."""
         if is_open(method):
             return
-        presented = metadata_value(metadata, TOKEN_HEADER)
-        if self._tokens.allows(presented):
-            return
-        raise Unauthenticated(
-            "this worker serves only routers of its cluster: missing or wrong cluster token",
-            reason="missing_cluster_token" if presented is None else "bad_cluster_token",
-        )
+        self._issuer.check(self._identity, caller_claim(metadata), method, self._clock.now())
+
+
+def check_peer_role(method: str, context: Any) -> None:
+    """A `PeerCheck` (mTLS clusters): the client certificate names a router, or for admin calls a router
+    or an operator tool; PERMISSION_DENIED otherwise (e.g. another worker's certificate)."""
+    if is_open(method):
+        return
+    names = peer_names(context.auth_context())
+    allowed = {ROUTER_NAME} if method == STREAM_METHOD else {ROUTER_NAME, ADMIN_NAME}
+    if names & allowed:
+        return
+    raise PermissionDenied(
+        f"this worker takes {'streams' if method == STREAM_METHOD else 'this call'} only from a certificate "
+        f"naming {' or '.join(sorted(allowed))}",
+        reason="not_a_router",
+    )
+
+
+def stream_caller(context: Any) -> str:
+    """Who opened a stream, for the worker's logs: the proven caller (token), else the certificate's names."""
+    claim = caller_claim(context.invocation_metadata())
+    if claim is not None:
+        return claim.caller
+    names = peer_names(context.auth_context())
+    return ",".join(sorted(names)) or "unknown"

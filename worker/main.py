@@ -26,7 +26,14 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
-from common.cluster_auth import TokenCheck, require_worker_credentials, worker_server_credentials
+from common.clock import MonotonicClock
+from common.cluster_auth import (
+    IdentityServicer,
+    require_worker_credentials,
+    worker_identity,
+    worker_server_credentials,
+)
+from common.cluster_proof import ProofIssuer
 from common.config import SluiceConfig
 from common.dev_token import refuse_dev_token
 from common.errors import Internal
@@ -38,7 +45,7 @@ from common.metrics import MetricsEndpoint, listen_host
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord, WorkerStateName
 from common.telemetry import provider_from_environment, tracer
-from worker.auth import ClusterTokenGate
+from worker.auth import ClusterProofGate, check_peer_role
 from worker.backends import load_backend
 from worker.executor import Executor, LoadedModel, warmup_items
 from worker.gpu_metrics import GpuSampler
@@ -101,19 +108,23 @@ class WorkerProcess:
         """Load and warm every model, serve, then register as ready. ConfigError (before any model is
         loaded) when the worker has no way to tell a router's batch from anyone else's."""
         settings = self.config.worker
-        require_worker_credentials(self.config.cluster)
+        require_worker_credentials(self.config.cluster, self.worker_id)
         refuse_dev_token(self.config.cluster, dev=settings.dev)
         credentials = worker_server_credentials(self.config.cluster)
         await asyncio.to_thread(self._load_models)
         self.runner.start()
-        server = self._server_for(self.config.cluster.max_message_bytes)
+        issuer = ProofIssuer(self.config.cluster.accepted())
+        server = self._server_for(self.config.cluster.max_message_bytes, issuer)
         worker_pb2_grpc.add_WorkerServicer_to_server(WorkerStreamServicer(self.state), server)
+        identity = IdentityServicer(lambda: worker_identity(self.worker_id), issuer, MonotonicClock())
+        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, server)
         admin = WorkerAdminServicer(self.state, self.drain, self.status)
         admin_pb2_grpc.add_WorkerAdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
                 worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name,
+                worker_pb2.DESCRIPTOR.services_by_name["ClusterIdentity"].full_name,
                 admin_pb2.DESCRIPTOR.services_by_name["WorkerAdmin"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
@@ -139,11 +150,14 @@ class WorkerProcess:
         self._reporter = asyncio.create_task(self._report_load(), name="load-reporter")
         log.info("worker %s ready on %s with %d model versions", self.worker_id, self.addr, len(self.models))
 
-    def _server_for(self, max_message_bytes: int) -> grpc.aio.Server:
-        """The gRPC server: message limits the routers' agree with, and the token gate if configured."""
-        check = TokenCheck(self.config.cluster.accepted())
+    def _server_for(self, max_message_bytes: int, issuer: ProofIssuer) -> grpc.aio.Server:
+        """The gRPC server: message limits the routers' agree with, and the cluster gate: the caller's
+        token proof (before the request is read) and, under mTLS, the role its certificate names."""
+        proofs = ClusterProofGate(self.worker_id, issuer, MonotonicClock()) if issuer.enabled else None
+        roles = check_peer_role if self.config.cluster.tls else None
+        gate = GateInterceptor(proofs or _no_metadata_check, roles)
         return grpc.aio.server(
-            interceptors=[GateInterceptor(ClusterTokenGate(check))] if check.enabled else [],
+            interceptors=[gate],
             options=[
                 *SERVER_OPTIONS,
                 ("grpc.max_send_message_length", max_message_bytes),
@@ -284,6 +298,10 @@ class WorkerProcess:
             self._metrics_endpoint.close()
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush()
+
+
+def _no_metadata_check(method: str, metadata: object) -> None:
+    """The metadata gate of a cluster without a token: mTLS already admitted the caller (roles follow)."""
 
 
 async def serve_worker(config: SluiceConfig) -> None:

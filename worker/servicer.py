@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeAlias
 
 import grpc
 
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from worker.auth import stream_caller
 from worker.runner import BatchRunner, StreamState
 
+log = logging.getLogger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -60,7 +63,9 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[worker_pb2.RouterMessage], context: Context
     ) -> AsyncIterator[worker_pb2.WorkerMessage]:
-        """Read batches into the runner; write results and load reports back."""
+        """Read batches into the runner; write results and load reports back. The gate has proved the
+        caller is a router of the cluster (worker/auth.py) before this runs."""
+        log.info("stream opened by %s", stream_caller(context))
         stream = StreamState()
         self._state.streams.add(stream)
         reader = asyncio.create_task(self._read(request_iterator, stream))

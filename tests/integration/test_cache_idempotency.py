@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from common.cluster_auth import ClusterClient
+from common.cluster_auth import STATUS_METHOD, ClusterClient
 from common.config import CacheSettings, RedisSettings, TenantSettings
 from common.pb.inference import grpc_service_pb2 as kserve
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
@@ -72,9 +72,10 @@ async def executed(workers: list[WorkerProcess], router: RouterServer) -> int:
     for worker_id in [w.worker_id for w in workers]:
         addr = router.membership.records[worker_id].addr
         cluster = ClusterClient(router.config.cluster)
-        async with cluster.channel(addr) as channel:
+        async with cluster.channel(addr, worker_id) as channel:
+            metadata = await cluster.authenticate(channel, worker_id, STATUS_METHOD)
             status = await admin_pb2_grpc.WorkerAdminStub(channel).Status(
-                admin_pb2.WorkerStatusRequest(), timeout=5, metadata=cluster.metadata
+                admin_pb2.WorkerStatusRequest(), timeout=5, metadata=metadata
             )
         total += status.items_executed
     return total

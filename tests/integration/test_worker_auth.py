@@ -1,13 +1,17 @@
 """The worker port (DESIGN.md §9): a worker runs only batches it can attribute to a router of its cluster.
 
 Real `sluice worker` processes, dialled straight on their registered port as an attacker on the network
-would: without the cluster token (or a certificate from the cluster CA) `WorkerAdmin/*` and
-`Worker/Stream` are refused before anything is read; with it they work; health stays open for probes.
+would: without a proof of the cluster token (or a certificate from the cluster CA naming a router)
+`WorkerAdmin/*` and `Worker/Stream` are refused before anything is read; the token itself is no longer
+a credential on the wire; a proof is good for one method, once; with a proof they work; health and the
+identity challenge stay open. Under mTLS a router accepts only the certificate of the worker id it dialled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +19,13 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import SecretStr
 
-from common.cluster_auth import TOKEN_HEADER
+from common.cluster_auth import STATUS_METHOD, STREAM_METHOD, ClusterClient, challenge
+from common.cluster_proof import derive_key, server_transcript
 from common.config import ClusterSettings, EtcdSettings, RouterSettings
 from common.dev_certs import write_dev_certs
-from common.etcd import WORKERS, open_client
+from common.etcd import WORKERS, open_client, worker_key
 from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from common.records import WorkerRecord
@@ -37,7 +43,7 @@ BIG = 8 * 1024 * 1024
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cluster's development CA and certificates."""
     folder = tmp_path_factory.mktemp("cluster-certs")
-    write_dev_certs(folder)
+    write_dev_certs(folder, ("w-tls",))
     return folder
 
 
@@ -105,14 +111,19 @@ async def test_token_gate_on_admin_and_stream(
 ) -> None:
     spawn("w-token")
     addr = await registered_addr(etcd_settings, "w-token")
-    good = ((TOKEN_HEADER, cluster_token),)
-    async with grpc.aio.insecure_channel(
-        addr, options=[("grpc.max_send_message_length", 2 * BIG)]
-    ) as channel:
+    cluster = ClusterClient(ClusterSettings(token=SecretStr(cluster_token)))
+    async with cluster.channel(addr, "w-token", [("grpc.max_send_message_length", 2 * BIG)]) as channel:
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]
         assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no credential
 
-        for metadata in ((), ((TOKEN_HEADER, "not-the-cluster-token"),)):
+        # The worker proves itself first: its answer to our challenge checks out under the token.
+        nonce, reply = await challenge(channel, "admin")
+        assert reply.identity == "workers/w-token"
+        transcript = server_transcript("admin", "workers/w-token", nonce, reply.nonce)
+        assert hmac.new(derive_key(cluster_token), transcript, hashlib.sha256).digest() in reply.token_proofs
+
+        # No proof, or the token itself (what routers used to send), is refused.
+        for metadata in ((), (("sluice-cluster-token", cluster_token),)):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await status(channel, metadata)
             assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
@@ -121,10 +132,20 @@ async def test_token_gate_on_admin_and_stream(
                     admin_pb2.DrainRequest(), timeout=5, metadata=metadata
                 )
             assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
-        before = await status(channel, good)
-        assert before.state == worker_pb2.WORKER_STATE_READY  # the refused Drain did nothing
+        # A proof made for Status does not drain (it names its method), and is good once.
+        for_status = await cluster.authenticate(channel, "w-token", STATUS_METHOD)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await admin_pb2_grpc.WorkerAdminStub(channel).Drain(
+                admin_pb2.DrainRequest(), timeout=5, metadata=for_status
+            )
+        assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
+        before = await status(channel, for_status)
+        assert before.state == worker_pb2.WORKER_STATE_READY  # the refused Drains did nothing
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await status(channel, for_status)  # replayed
+        assert code_of(refused) == grpc.StatusCode.UNAUTHENTICATED
 
-        # A stream without the token ends UNAUTHENTICATED before the caller sends anything: the worker
+        # A stream without a proof ends UNAUTHENTICATED before the caller sends anything: the worker
         # does not wait for (or read) a batch to refuse it.
         never = asyncio.Event()
 
@@ -148,11 +169,12 @@ async def test_token_gate_on_admin_and_stream(
             async for _ in call:
                 pass
         assert code_of(refused) in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL)
-        after = await status(channel, good)
+        after = await status(channel, await cluster.authenticate(channel, "w-token", STATUS_METHOD))
         assert after.batches_executed == before.batches_executed  # nothing ran for the refused calls
 
-        # With the token the same 8 MiB batch is read (above gRPC's 4 MiB default) and answered.
-        call = worker_pb2_grpc.WorkerStub(channel).Stream(one_batch(), timeout=10, metadata=good)
+        # With a proof for the stream the same 8 MiB batch is read (above gRPC's 4 MiB default) and answered.
+        proof = await cluster.authenticate(channel, "w-token", STREAM_METHOD)
+        call = worker_pb2_grpc.WorkerStub(channel).Stream(one_batch(), timeout=10, metadata=proof)
         async for message in call:
             if message.WhichOneof("kind") == "result":
                 assert message.result.batch_id == 7
@@ -170,8 +192,8 @@ def tls_worker(
     """A worker serving mTLS with the cluster CA, and no token."""
     env = {
         "SLUICE_CLUSTER__CA_FILE": str(certs / "ca.pem"),
-        "SLUICE_CLUSTER__CERT_FILE": str(certs / "worker.pem"),
-        "SLUICE_CLUSTER__KEY_FILE": str(certs / "worker-key.pem"),
+        "SLUICE_CLUSTER__CERT_FILE": str(certs / "workers" / "w-tls.pem"),
+        "SLUICE_CLUSTER__KEY_FILE": str(certs / "workers" / "w-tls-key.pem"),
     }
     worker = WorkerProcess("w-tls", demo_repo, etcd_settings, tmp_path, models="synthetic", env=env)
     yield worker
@@ -210,6 +232,19 @@ async def test_mtls_accepts_only_client_certificates_of_the_cluster_ca(
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await status(channel)
             assert code_of(failed) == grpc.StatusCode.UNAVAILABLE, what
+    # An operator's certificate may call WorkerAdmin, not open a stream: streams are for routers.
+    never = asyncio.Event()
+
+    async def nothing() -> AsyncIterator[worker_pb2.RouterMessage]:
+        await never.wait()
+        yield worker_pb2.RouterMessage()
+
+    async with grpc.aio.secure_channel(addr, client_credentials(ca, "admin-client", certs)) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).Stream(nothing(), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            async for _ in call:
+                pass
+        assert code_of(failed) == grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_a_router_streams_batches_to_a_worker_over_mtls(
@@ -228,3 +263,30 @@ async def test_a_router_streams_batches_to_a_worker_over_mtls(
             synthetic_request(1.0), timeout=10
         )
     assert reply.parameters["sluice_worker"].string_param == "w-tls"
+
+
+async def test_a_router_refuses_a_worker_certificate_issued_to_another_id(
+    make_router: MakeRouter, tls_worker: WorkerProcess, etcd_settings: EtcdSettings, certs: Path
+) -> None:
+    """A record `workers/w-imposter` pointing at w-tls: the worker there presents a valid certificate of
+    the cluster CA, but one naming `w-tls.worker.sluice`, so the router never takes it as w-imposter."""
+    cluster = ClusterSettings(
+        ca_file=certs / "ca.pem",
+        cert_file=certs / "router-client.pem",
+        key_file=certs / "router-client-key.pem",
+    )
+    router = await make_router(router=RouterSettings(listen="127.0.0.1:0", metrics_port=0), cluster=cluster)
+    await eventually(lambda: router.driver.core.accepting("w-tls"), 60, "w-tls accepting")
+    real = router.membership.records["w-tls"]
+    client = await open_client(etcd_settings)
+    try:
+        imposter = real.model_copy(update={"worker_id": "w-imposter"})
+        await client.put(worker_key(etcd_settings.prefix, "w-imposter").encode(), imposter.to_json())
+        await eventually(lambda: "w-imposter" in router.membership.records, 10, "the imposter's record seen")
+        await asyncio.sleep(2.0)  # several connection attempts (backoff from 0.1 s)
+        assert not router.driver.core.accepting("w-imposter")
+        assert router.membership.load_of("w-imposter") is None  # no stream ever opened
+        assert router.driver.core.accepting("w-tls")
+    finally:
+        await client.delete(worker_key(etcd_settings.prefix, "w-imposter").encode())
+        await client.close()

@@ -11,7 +11,7 @@ import pytest
 
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
-from common.cluster_auth import ClusterClient
+from common.cluster_auth import STATUS_METHOD, ClusterClient
 from common.config import RouterSettings
 from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
 from router.main import RouterServer
@@ -28,9 +28,10 @@ FAST, SLOW = 6.0, 12.0
 async def executed(router: RouterServer, worker_id: str) -> int:
     addr = router.membership.records[worker_id].addr
     cluster = ClusterClient(router.config.cluster)
-    async with cluster.channel(addr) as channel:
+    async with cluster.channel(addr, worker_id) as channel:
+        metadata = await cluster.authenticate(channel, worker_id, STATUS_METHOD)
         status = await admin_pb2_grpc.WorkerAdminStub(channel).Status(
-            admin_pb2.WorkerStatusRequest(), timeout=5, metadata=cluster.metadata
+            admin_pb2.WorkerStatusRequest(), timeout=5, metadata=metadata
         )
     return status.items_executed
 

@@ -87,7 +87,8 @@ def test_a_tls_cluster_prints_each_role_its_certificates(tmp_path: Path) -> None
     for env in (worker, router, drain):
         assert env["SLUICE_ETCD__CA_FILE"] == env["SLUICE_CLUSTER__CA_FILE"] == ca
         assert "SLUICE_CLUSTER__TOKEN_FILE" not in env
-    assert worker["SLUICE_CLUSTER__CERT_FILE"] == str(certs / "worker.pem")
+    assert worker["SLUICE_CLUSTER__CERT_FILE"] == str(certs / "workers" / "worker-3.pem")  # its own id's
+    assert flag(lines["add a worker"], "--worker-id") == "worker-3"
     assert router["SLUICE_CLUSTER__CERT_FILE"] == str(certs / "router-client.pem")
     assert router["SLUICE_ROUTER__TLS__CERT_FILE"] == str(certs / "router.pem")
     assert drain["SLUICE_CLUSTER__CERT_FILE"] == str(certs / "admin-client.pem")

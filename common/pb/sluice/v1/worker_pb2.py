@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"M\n\x04Item\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12\x11\n\tbudget_us\x18\x03 \x01(\x03\"\xda\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1e\n\x05items\x18\x04 \x03(\x0b\x32\x0f.sluice.v1.Item\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x39\n\rtrace_context\x18\x06 \x03(\x0b\x32\".sluice.v1.Batch.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"_\n\rRouterMessage\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.sluice.v1.BatchH\x00\x12#\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.CancelH\x00\x42\x06\n\x04kind\"P\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0cworker_fault\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"f\n\nItemResult\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12\"\n\x07outputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ItemError\"\xc5\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sluice.v1.ItemResult\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\x12\x16\n\x0equeued_batches\x18\x06 \x01(\r\x12\x13\n\x0bqueued_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x66orward_rows\x18\x08 \x01(\r\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"h\n\rWorkerMessage\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x16.sluice.v1.BatchResultH\x00\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReportH\x00\x42\x06\n\x04kind*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"2\n\x11IdentityChallenge\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"n\n\rIdentityProof\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x14\n\x0ctoken_proofs\x18\x03 \x03(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"M\n\x04Item\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12\x11\n\tbudget_us\x18\x03 \x01(\x03\"\xda\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1e\n\x05items\x18\x04 \x03(\x0b\x32\x0f.sluice.v1.Item\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x39\n\rtrace_context\x18\x06 \x03(\x0b\x32\".sluice.v1.Batch.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"_\n\rRouterMessage\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.sluice.v1.BatchH\x00\x12#\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.CancelH\x00\x42\x06\n\x04kind\"P\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0cworker_fault\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"f\n\nItemResult\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12\"\n\x07outputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ItemError\"\xc5\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sluice.v1.ItemResult\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\x12\x16\n\x0equeued_batches\x18\x06 \x01(\r\x12\x13\n\x0bqueued_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x66orward_rows\x18\x08 \x01(\r\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"h\n\rWorkerMessage\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x16.sluice.v1.BatchResultH\x00\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReportH\x00\x42\x06\n\x04kind*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x32V\n\x0f\x43lusterIdentity\x12\x43\n\tChallenge\x12\x1c.sluice.v1.IdentityChallenge\x1a\x18.sluice.v1.IdentityProofb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,30 +33,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BATCH_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_BATCH_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=1167
-  _globals['_WORKERSTATE']._serialized_end=1288
-  _globals['_TENSOR']._serialized_start=37
-  _globals['_TENSOR']._serialized_end=106
-  _globals['_ITEM']._serialized_start=108
-  _globals['_ITEM']._serialized_end=185
-  _globals['_BATCH']._serialized_start=188
-  _globals['_BATCH']._serialized_end=406
-  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_start=355
-  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_end=406
-  _globals['_CANCEL']._serialized_start=408
-  _globals['_CANCEL']._serialized_end=434
-  _globals['_ROUTERMESSAGE']._serialized_start=436
-  _globals['_ROUTERMESSAGE']._serialized_end=531
-  _globals['_ITEMERROR']._serialized_start=533
-  _globals['_ITEMERROR']._serialized_end=613
-  _globals['_ITEMRESULT']._serialized_start=615
-  _globals['_ITEMRESULT']._serialized_end=717
-  _globals['_BATCHRESULT']._serialized_start=720
-  _globals['_BATCHRESULT']._serialized_end=917
-  _globals['_LOADREPORT']._serialized_start=920
-  _globals['_LOADREPORT']._serialized_end=1059
-  _globals['_WORKERMESSAGE']._serialized_start=1061
-  _globals['_WORKERMESSAGE']._serialized_end=1165
-  _globals['_WORKER']._serialized_start=1290
-  _globals['_WORKER']._serialized_end=1364
+  _globals['_WORKERSTATE']._serialized_start=1331
+  _globals['_WORKERSTATE']._serialized_end=1452
+  _globals['_IDENTITYCHALLENGE']._serialized_start=37
+  _globals['_IDENTITYCHALLENGE']._serialized_end=87
+  _globals['_IDENTITYPROOF']._serialized_start=89
+  _globals['_IDENTITYPROOF']._serialized_end=199
+  _globals['_TENSOR']._serialized_start=201
+  _globals['_TENSOR']._serialized_end=270
+  _globals['_ITEM']._serialized_start=272
+  _globals['_ITEM']._serialized_end=349
+  _globals['_BATCH']._serialized_start=352
+  _globals['_BATCH']._serialized_end=570
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_start=519
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_end=570
+  _globals['_CANCEL']._serialized_start=572
+  _globals['_CANCEL']._serialized_end=598
+  _globals['_ROUTERMESSAGE']._serialized_start=600
+  _globals['_ROUTERMESSAGE']._serialized_end=695
+  _globals['_ITEMERROR']._serialized_start=697
+  _globals['_ITEMERROR']._serialized_end=777
+  _globals['_ITEMRESULT']._serialized_start=779
+  _globals['_ITEMRESULT']._serialized_end=881
+  _globals['_BATCHRESULT']._serialized_start=884
+  _globals['_BATCHRESULT']._serialized_end=1081
+  _globals['_LOADREPORT']._serialized_start=1084
+  _globals['_LOADREPORT']._serialized_end=1223
+  _globals['_WORKERMESSAGE']._serialized_start=1225
+  _globals['_WORKERMESSAGE']._serialized_end=1329
+  _globals['_WORKER']._serialized_start=1454
+  _globals['_WORKER']._serialized_end=1528
+  _globals['_CLUSTERIDENTITY']._serialized_start=1530
+  _globals['_CLUSTERIDENTITY']._serialized_end=1616
 # @@protoc_insertion_point(module_scope)

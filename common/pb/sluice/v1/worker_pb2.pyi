@@ -46,6 +46,69 @@ WORKER_STATE_DRAINING: WorkerState.ValueType  # 3
 Global___WorkerState: _TypeAlias = WorkerState  # noqa: Y015
 
 @_typing.final
+class IdentityChallenge(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    caller: _builtins.str
+    """Who asks: "routers/<router-id>" for a router, "admin" for an operator tool (at most 256 characters)."""
+    nonce: _builtins.bytes
+    """16 to 64 fresh random bytes."""
+    def __init__(
+        self,
+        *,
+        caller: _builtins.str = ...,
+        nonce: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "nonce", b"nonce"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdentityChallenge: _TypeAlias = IdentityChallenge  # noqa: Y015
+
+@_typing.final
+class IdentityProof(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTITY_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    TOKEN_PROOFS_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    identity: _builtins.str
+    """The server's identity: "workers/<worker-id>" or "routers/<router-id>", as its etcd key names it."""
+    nonce: _builtins.bytes
+    """The server's own nonce, which the caller's proof covers (a cookie the server checks; good for 30 s)."""
+    certificate: _builtins.bytes
+    """Routers under cluster mTLS: their cluster certificate (PEM, leaf first) and its key's signature of
+    the server transcript.
+    """
+    signature: _builtins.bytes
+    @_builtins.property
+    def token_proofs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """HMAC-SHA256 of the server transcript under the key of each cluster token the server accepts."""
+
+    def __init__(
+        self,
+        *,
+        identity: _builtins.str = ...,
+        nonce: _builtins.bytes = ...,
+        token_proofs: _abc.Iterable[_builtins.bytes] | None = ...,
+        certificate: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "identity", b"identity", "nonce", b"nonce", "signature", b"signature", "token_proofs", b"token_proofs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdentityProof: _TypeAlias = IdentityProof  # noqa: Y015
+
+@_typing.final
 class Tensor(_message.Message):
     """A dense tensor: elements in row-major order, little-endian, in `data`."""
 

@@ -45,7 +45,9 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """Opened only after ClusterIdentity/Challenge where the cluster uses a token: the call's metadata then
+        carries the caller's proof (docs/security.md, "Router → worker").
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -86,6 +88,96 @@ class Worker:
             '/sluice.v1.Worker/Stream',
             sluice_dot_v1_dot_worker__pb2.RouterMessage.SerializeToString,
             sluice_dot_v1_dot_worker__pb2.WorkerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ClusterIdentityStub:
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Challenge = channel.unary_unary(
+                '/sluice.v1.ClusterIdentity/Challenge',
+                request_serializer=sluice_dot_v1_dot_worker__pb2.IdentityChallenge.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_worker__pb2.IdentityProof.FromString,
+                _registered_method=True)
+
+
+class ClusterIdentityServicer:
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    def Challenge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClusterIdentityServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=sluice_dot_v1_dot_worker__pb2.IdentityChallenge.FromString,
+                    response_serializer=sluice_dot_v1_dot_worker__pb2.IdentityProof.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'sluice.v1.ClusterIdentity', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('sluice.v1.ClusterIdentity', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ClusterIdentity:
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.ClusterIdentity/Challenge',
+            sluice_dot_v1_dot_worker__pb2.IdentityChallenge.SerializeToString,
+            sluice_dot_v1_dot_worker__pb2.IdentityProof.FromString,
             options,
             channel_credentials,
             insecure,

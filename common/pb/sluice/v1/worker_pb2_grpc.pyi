@@ -39,11 +39,17 @@ class WorkerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerAsyncStub: ...
     Stream: _grpc.StreamStreamMultiCallable[_worker_pb2.RouterMessage, _worker_pb2.WorkerMessage]
+    """Opened only after ClusterIdentity/Challenge where the cluster uses a token: the call's metadata then
+    carries the caller's proof (docs/security.md, "Router → worker").
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Stream: _aio.StreamStreamMultiCallable[_worker_pb2.RouterMessage, _worker_pb2.WorkerMessage]  # type: ignore[assignment]
+    """Opened only after ClusterIdentity/Challenge where the cluster uses a token: the call's metadata then
+    carries the caller's proof (docs/security.md, "Router → worker").
+    """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -51,6 +57,55 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         self,
         request_iterator: _MaybeAsyncIterator[_worker_pb2.RouterMessage],
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_worker_pb2.WorkerMessage], _abc.AsyncIterator[_worker_pb2.WorkerMessage]]: ...
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.WorkerMessage], _abc.AsyncIterator[_worker_pb2.WorkerMessage]]:
+        """Opened only after ClusterIdentity/Challenge where the cluster uses a token: the call's metadata then
+        carries the caller's proof (docs/security.md, "Router → worker").
+        """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ClusterIdentityStub:
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ClusterIdentityAsyncStub: ...
+    Challenge: _grpc.UnaryUnaryMultiCallable[_worker_pb2.IdentityChallenge, _worker_pb2.IdentityProof]
+
+@_typing.type_check_only
+class ClusterIdentityAsyncStub(ClusterIdentityStub):
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Challenge: _aio.UnaryUnaryMultiCallable[_worker_pb2.IdentityChallenge, _worker_pb2.IdentityProof]  # type: ignore[assignment]
+
+class ClusterIdentityServicer(metaclass=_abc_1.ABCMeta):
+    """Proof of identity before any secret goes to an address read from etcd (a record is a claim): served
+    without credentials by workers (stream port) and routers (client port). The server proves it holds the
+    cluster token (an HMAC per accepted token) and, for routers under cluster mTLS, a router certificate
+    (a signature); a caller that checked the proof answers with its own, on the call that follows, in the
+    metadata `sluice-cluster-caller`, `sluice-cluster-nonce-bin`, `sluice-cluster-cookie-bin`,
+    `sluice-cluster-proof-bin`. What is hashed and signed: common/cluster_proof.py.
+    """
+
+    @_abc_1.abstractmethod
+    def Challenge(
+        self,
+        request: _worker_pb2.IdentityChallenge,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.IdentityProof, _abc.Awaitable[_worker_pb2.IdentityProof]]: ...
+
+def add_ClusterIdentityServicer_to_server(servicer: ClusterIdentityServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
