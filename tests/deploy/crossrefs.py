@@ -81,8 +81,9 @@ def _volume_problems(rendered: Rendered, workload: Obj) -> list[str]:
     for volume in spec.get("volumes", []):
         if "configMap" in volume:
             found += _config_map_items(rendered, volume["configMap"])
-        if "secret" in volume and not rendered.has("Secret", volume["secret"]["secretName"]):
+        if "secret" in volume and not _secret_exists(rendered, volume["secret"]["secretName"]):
             found.append(f"volume {volume['name']}: no Secret {volume['secret']['secretName']}")
+        found += _csi_problems(rendered, volume)
         claim = volume.get("persistentVolumeClaim", {}).get("claimName")
         if claim and not rendered.has("PersistentVolumeClaim", claim):
             found.append(f"volume {volume['name']}: no PersistentVolumeClaim {claim}")
@@ -95,6 +96,26 @@ def _volume_problems(rendered: Rendered, workload: Obj) -> list[str]:
             if m["name"] not in declared
         ]
     return found
+
+
+def certificate_secrets(rendered: Rendered) -> set[str]:
+    """Secrets that cert-manager will create: every Certificate's `secretName`."""
+    return {c["spec"]["secretName"] for c in rendered.of_kind("Certificate")}
+
+
+def _secret_exists(rendered: Rendered, name: str) -> bool:
+    """A Secret rendered, or one a rendered Certificate makes."""
+    return rendered.has("Secret", name) or name in certificate_secrets(rendered)
+
+
+def _csi_problems(rendered: Rendered, volume: Obj) -> list[str]:
+    """A cert-manager csi-driver volume names an Issuer that is rendered (when any Issuer is: an overlay
+    without cert-manager objects expects them from elsewhere)."""
+    attributes = volume.get("csi", {}).get("volumeAttributes", {})
+    issuer = attributes.get("csi.cert-manager.io/issuer-name")
+    if issuer is None or not rendered.of_kind("Issuer") or rendered.has("Issuer", issuer):
+        return []
+    return [f"volume {volume['name']}: no Issuer {issuer}"]
 
 
 def _config_map_items(rendered: Rendered, source: Obj) -> list[str]:
@@ -180,6 +201,31 @@ def monitor_targets(rendered: Rendered) -> list[str]:
     return found
 
 
+def network_policies(rendered: Rendered) -> list[str]:
+    """Each NetworkPolicy selects some workload's pods, each `from` pod selector selects some workload, and
+    each named port it opens is a port of the pods it protects."""
+    found = []
+    for policy in rendered.of_kind("NetworkPolicy"):
+        spec = policy["spec"]
+        targets = [w for w in rendered.workloads() if selector_matches(spec["podSelector"], pod_labels(w))]
+        if not targets:
+            found.append(f"{ref(policy)}: podSelector matches no pods")
+        for rule in spec.get("ingress", []):
+            for peer in rule.get("from", []):
+                selector = peer.get("podSelector")
+                if selector is not None and not any(
+                    selector_matches(selector, pod_labels(w)) for w in rendered.workloads()
+                ):
+                    found.append(f"{ref(policy)}: from {selector} matches no pods")
+            for port in rule.get("ports", []):
+                found += [
+                    f"{ref(policy)}: port {port['port']!r} is not a port of {ref(w)}"
+                    for w in targets
+                    if not any(_opens(c, port["port"]) for c in containers(pod_spec(w), init=False))
+                ]
+    return found
+
+
 ALL_CHECKS = (
     workload_selectors,
     service_routes,
@@ -187,4 +233,5 @@ ALL_CHECKS = (
     object_references,
     scale_targets,
     monitor_targets,
+    network_policies,
 )

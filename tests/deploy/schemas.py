@@ -5,8 +5,9 @@ or reject at apply time, far from the test that could have said so.
 
 - Built-in kinds: the Kubernetes OpenAPI schemas bundled by `kubernetes-validate` (its `-strict`
   variants forbid unknown fields), for the oldest and the newest Kubernetes release deploy/ supports.
-- CRDs (ServiceMonitor, PrometheusRule, ScaledObject): no schema ships with Kubernetes. The
-  `cloudcoil-models-prometheus-operator` and `cloudcoil-models-keda` wheels carry pydantic models
+- CRDs (ServiceMonitor, PrometheusRule, ScaledObject, cert-manager's Certificate and Issuer): no schema
+  ships with Kubernetes. The `cloudcoil-models-prometheus-operator`, `cloudcoil-models-keda` and
+  `cloudcoil-models-cert-manager` wheels carry pydantic models
   generated from the upstream CRDs; their JSON schema, closed against unknown fields, is the CRD's
   structural schema. Any other kind has no schema and is reported, so nothing passes unchecked.
 """
@@ -38,6 +39,8 @@ CRD_MODELS = {
         "PrometheusRule",
     ),
     ("keda.sh/v1alpha1", "ScaledObject"): ("cloudcoil.models.keda.v1alpha1", "ScaledObject"),
+    ("cert-manager.io/v1", "Certificate"): ("cloudcoil.models.cert_manager.v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"): ("cloudcoil.models.cert_manager.v1", "Issuer"),
 }
 
 
