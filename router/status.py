@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 from grpc_health.v1 import health_pb2
@@ -31,6 +32,8 @@ from router.policy.catalog import ModelCatalog
 log = logging.getLogger(__name__)
 
 REFRESH_S = 0.2
+EXPORT_EVERY_S = 1.0
+"""Gauges and `desired_workers` are refreshed this often (health every `REFRESH_S`)."""
 CORE_STUCK_RETRY_S = 1.0
 """Hint for requests failed by the watchdog: another router (or this one, restarted) can serve them."""
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -62,8 +65,11 @@ class StatusLoop:
         self._catalog = catalog
         self._peers = peers
         self._watches = tuple(watches)
-        self._exported_watch: dict[str, tuple[int, int]] = {}
-        """Each watch's (restarts, skipped) as last added to the counters."""
+        self._exported_at = -math.inf
+        self._health_set: dict[str, int] = {}
+        """The status last set per health service name."""
+        self._exported_watch: dict[str, tuple[bool, int, int]] = {}
+        """Each watch's (running, restarts, skipped) as last written to its gauges."""
         self._cache = cache
         self._live = live
         self._metrics = metrics
@@ -100,12 +106,17 @@ class StatusLoop:
             await asyncio.sleep(REFRESH_S)
 
     async def refresh(self) -> None:
-        """One status pass. Its reads of the core cost a step per model and per non-empty lane, never
-        per shape a client ever sent."""
+        """One status pass: the watchdog and health every pass; gauges and the autoscaling target at most
+        once per `EXPORT_EVERY_S` (scrapes come every few seconds, so five writes a second of every gauge
+        were most of an idle router's CPU). Its reads of the core cost a step per model and per
+        non-empty lane, never per shape a client ever sent."""
         now = self._clock.now()
         self._watch_core(now)
         self._export_watches()
         await self._set_health()
+        if now - self._exported_at < EXPORT_EVERY_S:
+            return
+        self._exported_at = now
         self._export_queues(now)
         self._export_cache()
         self._export_desired(now)
@@ -130,26 +141,37 @@ class StatusLoop:
         )
 
     def _export_watches(self) -> None:
+        """Each watch's state into its gauges; only what changed since the last pass is written."""
         for watch in self._watches:
-            restarts, skipped = self._exported_watch.get(watch.name, (0, 0))
-            self._metrics.watch_up.labels(watch.name).set(1 if watch.running else 0)
-            self._metrics.watch_restarts.labels(watch.name).inc(watch.restarts - restarts)
-            self._metrics.watch_skipped.labels(watch.name).inc(watch.skipped - skipped)
-            self._exported_watch[watch.name] = (watch.restarts, watch.skipped)
+            exported = self._exported_watch.get(watch.name)
+            now = (watch.running, watch.restarts, watch.skipped)
+            if exported == now:
+                continue
+            running, restarts, skipped = exported or (None, 0, 0)
+            if running != watch.running:
+                self._metrics.watch_up.labels(watch.name).set(1 if watch.running else 0)
+            if watch.restarts > restarts:
+                self._metrics.watch_restarts.labels(watch.name).inc(watch.restarts - restarts)
+            if watch.skipped > skipped:
+                self._metrics.watch_skipped.labels(watch.name).inc(watch.skipped - skipped)
+            self._exported_watch[watch.name] = now
 
     async def _set_health(self) -> None:
         core = self._driver.core
         watching = all(watch.running for watch in self._watches)
         ready = not self.core_stuck and watching and any(w.accepting for w in core.workers)
-        for service in ("", INFERENCE_SERVICE):
-            await self._health.set(service, SERVING if ready else NOT_SERVING)
+        statuses = {service: SERVING if ready else NOT_SERVING for service in ("", INFERENCE_SERVICE)}
         for name in self._catalog.names():
             model_ready = (
                 not self.core_stuck
                 and watching
                 and any(core.serves(name, v) for v in self._catalog.versions(name))
             )
-            await self._health.set(f"model/{name}", SERVING if model_ready else NOT_SERVING)
+            statuses[f"model/{name}"] = SERVING if model_ready else NOT_SERVING
+        for service, status in statuses.items():
+            if self._health_set.get(service) != status:  # watchers are told of changes only
+                await self._health.set(service, status)
+                self._health_set[service] = status
 
     def _export_queues(self, now: float) -> None:
         core = self._driver.core
