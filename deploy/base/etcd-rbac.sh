@@ -34,16 +34,22 @@ grant() {  # ROLE PERMISSION FOLDER
     ensure role grant-permission "$1" "$2" "$PREFIX$3" --prefix=true
 }
 
+probe() {  # ROLE: read the one key named like the prefix (empty), which clients read to check etcd answers
+    ensure role grant-permission "$1" read "$PREFIX"
+}
+
 ensure user add root --no-password
 ensure role add root
 ensure user grant-role root root
 
 ensure role add sluice-router
+probe sluice-router
 grant sluice-router read workers/
 grant sluice-router read tenants/
 grant sluice-router readwrite routers/
 
 ensure role add sluice-worker
+probe sluice-worker
 grant sluice-worker readwrite workers/
 
 ensure role add sluice-operator

@@ -99,7 +99,9 @@ def rbac_grants() -> dict[str, set[tuple[str, str]]]:
     grants: dict[str, set[tuple[str, str]]] = {}
     for line in (DEPLOY / "base" / "etcd-rbac.sh").read_text().splitlines():
         words = shlex.split(line.split("#", 1)[0]) if not line.lstrip().startswith("#") else []
-        if words[:1] == ["grant"]:
+        if words[:1] == ["probe"]:
+            grants.setdefault(words[1], set()).add(("read", "(the prefix key)"))
+        elif words[:1] == ["grant"]:
             grants.setdefault(words[1], set()).add((words[2], words[3]))
         elif words[:3] == ["ensure", "role", "grant-permission"] and not words[3].startswith("$"):
             grants.setdefault(words[3], set()).add((words[4], words[5].replace('"$PREFIX"', "")))
@@ -108,8 +110,13 @@ def rbac_grants() -> dict[str, set[tuple[str, str]]]:
 
 def test_etcd_rbac_gives_each_component_only_its_prefixes() -> None:
     assert rbac_grants() == {
-        "sluice-router": {("read", "workers/"), ("read", "tenants/"), ("readwrite", "routers/")},
-        "sluice-worker": {("readwrite", "workers/")},
+        "sluice-router": {
+            ("read", "(the prefix key)"),
+            ("read", "workers/"),
+            ("read", "tenants/"),
+            ("readwrite", "routers/"),
+        },
+        "sluice-worker": {("read", "(the prefix key)"), ("readwrite", "workers/")},
         "sluice-operator": {("read", "$PREFIX"), ("readwrite", "tenants/")},
     }
 
