@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import tempfile
 import threading
@@ -24,6 +25,7 @@ import numpy as np
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
 from common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from router.policy.sealing import SealKeys
 from router.stores.cache_store import ResultCacheStore
 from router.stores.redis_conn import RedisOptions, open_redis
 from worker.demo_models import init_demo_repository
@@ -41,9 +43,10 @@ def scenario(target: str, rate: float, duration_s: float, *, cache: bool) -> dic
 async def redis_round_trip(url: str, samples: int = 2000) -> dict[str, float]:
     """Median get latency from memory vs from Redis only (memory tier disabled), in microseconds."""
     client = open_redis(RedisOptions(url=url))
+    keys = SealKeys([secrets.token_bytes(32)])  # both stores are one "cluster": they share the key
     try:
-        memory = ResultCacheStore(capacity_bytes=64 << 20, ttl_s=600, redis=client)
-        redis_only = ResultCacheStore(capacity_bytes=0, ttl_s=600, redis=client)
+        memory = ResultCacheStore(capacity_bytes=64 << 20, ttl_s=600, redis=client, keys=keys)
+        redis_only = ResultCacheStore(capacity_bytes=0, ttl_s=600, redis=client, keys=keys)
         payload = np.random.default_rng(0).bytes(64)  # ~ an mlp response
         await memory.put("k" * 64, payload, model="m", model_version="1")
         timings: dict[str, float] = {}

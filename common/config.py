@@ -355,6 +355,10 @@ class AdmissionSettings(_Section):
     more than 20 %."""
 
 
+MIN_HMAC_KEY_CHARS = 32
+"""Shortest accepted Redis HMAC key (`openssl rand -hex 32` gives 64 characters)."""
+
+
 class RedisSettings(_Section):
     """The Redis (or Valkey) shared by routers for the result cache and idempotency records."""
 
@@ -378,7 +382,19 @@ class RedisSettings(_Section):
     """PEM client certificate, for a server started with `tls-auth-clients yes` (with `key_file`)."""
     key_file: Path | None = None
     """PEM private key of `cert_file`."""
+    hmac_key: SecretStr | None = None
+    """Key of the HMAC-SHA256 that signs every cache entry and idempotency record a router writes to
+    Redis; a value that does not verify is a miss (counted in
+    `sluice_router_store_integrity_failures_total`), never served or replayed. Required with `url`, the
+    same on every router, at least 32 characters (e.g. `openssl rand -hex 32`). Prefer `hmac_key_file`.
+    Never logged."""
+    hmac_key_file: Path | None = None
+    """File holding `hmac_key` (a mounted Kubernetes Secret), read once at start."""
+    accepted_hmac_keys: list[SecretStr] = []
+    """Keys that also verify what is read (never used to write): during a rotation, the old one
+    (docs/security.md)."""
     _password: SecretStr | None = PrivateAttr(default=None)
+    _hmac_key: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _credentials_agree(self) -> RedisSettings:
@@ -389,11 +405,26 @@ class RedisSettings(_Section):
             raise ValueError("ca_file, cert_file and key_file need a rediss:// url")
         if self.url and "@" in self.url.split("://", 1)[-1].split("/", 1)[0]:
             raise ValueError("url: put credentials in username/password(_file), not in the URL")
+        self._hmac_key = _secret_from(self.hmac_key, self.hmac_key_file, "hmac_key_file")
+        if self.url and self._hmac_key is None:
+            raise ValueError(
+                "redis.hmac_key (or redis.hmac_key_file) is required with redis.url: anyone who can write "
+                "to Redis could otherwise plant cache entries and idempotency records"
+            )
+        for secret in (self._hmac_key, *self.accepted_hmac_keys):
+            if secret is not None and len(secret.get_secret_value()) < MIN_HMAC_KEY_CHARS:
+                raise ValueError(f"redis HMAC keys must have at least {MIN_HMAC_KEY_CHARS} characters")
         return self
 
     def password_value(self) -> str | None:
         """The AUTH password, from `password` or `password_file`."""
         return None if self._password is None else self._password.get_secret_value()
+
+    def hmac_keys(self) -> list[bytes]:
+        """The key that signs what this router writes, then the keys also accepted on reads (empty
+        without `hmac_key`)."""
+        mine = [] if self._hmac_key is None else [self._hmac_key]
+        return [s.get_secret_value().encode() for s in (*mine, *self.accepted_hmac_keys)]
 
 
 class CacheSettings(_Section):
@@ -406,11 +437,29 @@ class CacheSettings(_Section):
     ttl_s: float = Field(default=3600.0, gt=0)
     """How long an entry lives (both tiers)."""
     audit_fraction: float = Field(default=0.01, ge=0, le=1)
-    """Share of hits recomputed on a worker at the lowest priority and compared with the cached bytes."""
+    """Share of hits recomputed on a worker at the lowest priority and compared with the cached outputs
+    (within each tenant's audit budget: `audit_rate`, `audit_burst`)."""
     audit_tolerance: float = Field(default=1e-5, ge=0)
-    """Absolute tolerance for floating-point outputs in audits (0: bytes must be identical). Not 0 by
-    default: float kernels round differently for different batch sizes (a row batched with 31 others can
-    differ from the same row alone in the last bits), so a correct entry need not be bit-identical."""
+    """Absolute floor of the audit tolerance for floating-point outputs: a difference this small always
+    passes. Above it, the tolerance is relative to the output's magnitude: `audit_margin` times the
+    model version's measured batch-vs-single deviation (docs/caching.md, "Audits")."""
+    audit_margin: float = Field(default=8.0, ge=1, le=1000)
+    """How many times the model version's measured relative batch-vs-single deviation (at least the output
+    dtype's epsilon) a cached output may differ from a fresh run, relative to the output's largest
+    magnitude. Float kernels round differently for different batch sizes (the demo MLP: up to ~9 epsilon),
+    and the batch an entry came from is unknown, hence the margin."""
+    audit_rate: float = Field(default=0.5, gt=0, le=1000)
+    """Audits per second each tenant's hits may cause on this router (a token bucket): an audit is one or
+    two executions on a worker that the tenant's rate limit does not pay for."""
+    audit_burst: int = Field(default=2, ge=1, le=1000)
+    """Bucket size of `audit_rate`."""
+    audit_max_inflight: int = Field(default=4, ge=1, le=1000)
+    """Audits running at once on this router, all tenants together; sampled hits beyond it go unaudited."""
+    audit_strikes: int = Field(default=3, ge=1, le=1000)
+    """Audit mismatches of one tenant's hits for one model (within `audit_ban_s`) after which that
+    tenant's requests to that model bypass the cache on this router."""
+    audit_ban_s: float = Field(default=3600.0, gt=0)
+    """How long such a bypass lasts, and how long a mismatch counts towards it."""
 
 
 class IdempotencySettings(_Section):

@@ -383,6 +383,18 @@ def _redis_argv(port: int, data_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def _redis_key_env(config_path: Path | None, data_dir: Path) -> dict[str, str]:
+    """The key routers seal what they write to Redis with: the one the config (or environment) gives,
+    else a random one made for the run (a 0600 file in the run's folder)."""
+    if load_config(config_path).redis.hmac_keys():
+        return {}
+    path = data_dir / "redis-hmac-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return {"SLUICE_REDIS__HMAC_KEY_FILE": str(path)}
+
+
 def _redis_answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
@@ -418,6 +430,7 @@ def start_cluster(
         children.append(Child("redis", _redis_argv(redis_port, data_dir), log_dir))
         _wait_for(lambda: _redis_answers(redis_port), 15, children, "redis", stop)
         env.router["SLUICE_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+        env.router.update(_redis_key_env(config_path, data_dir))
     router_env = {**env.common, **env.router}
     router_processes: int = getattr(args, "router_processes", 1)
     children.append(

@@ -6,9 +6,16 @@ model, resolved version, model digest, canonical inputs, requested outputs and e
 change the output (`router/policy/cache_keys.py`). Cached values are results without anything that belongs
 to one request (id, worker, batch size, queue time, cache outcome), in their stored form
 (`router/stored_results.py`), so a hit answers with exactly the bytes of the miss that stored it.
-Concurrent identical misses run once (`Coalescer`). A digest whose audit failed (`disable`) is never served
-from the cache again by this router; which hits get audited is the data plane's business
-(`router/auditor.py`), not this gate's.
+Concurrent identical misses run once (`Coalescer`).
+
+Every request the cache answers pays its tenant's rate limit like one that runs: a hit, and a caller that
+joins another request's execution of the same key, take a token through `charge` (RESOURCE_EXHAUSTED when
+the tenant has none), since neither passes through admission; the caller that executes pays there.
+
+An audit that finds a wrong entry (`router/auditor.py` decides which hits are audited and how they are
+judged) calls `quarantine`: the entry is removed from both tiers and counted against the tenant whose hit
+it was; after `cache.audit_strikes` of them that tenant's requests to that model bypass the cache on this
+router for `cache.audit_ban_s` (`Strikes`, router/policy/cache_audit.py). Other tenants keep their hits.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from common.records import ModelRecord
 from router.calls import CacheOutcome, InferResult
 from router.codec import DecodedRequest
 from router.metrics import RouterMetrics
+from router.policy.cache_audit import Strikes
 from router.policy.cache_keys import ParamValue, cache_key, cache_scope, tensors_from
 from router.policy.result_cache import CacheUse, cache_use
 from router.stored_results import decode_result, encode_result
@@ -31,6 +39,8 @@ from router.stores.coalescer import Coalescer
 log = logging.getLogger(__name__)
 
 Execute = Callable[[], Awaitable[InferResult]]
+Charge = Callable[[], None]
+"""Take one of the caller's tenant's rate tokens, or raise ResourceExhausted."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +59,17 @@ class CacheGate:
         self._settings = settings
         self._metrics = metrics
         self._coalescer: Coalescer[InferResult] = Coalescer()
-        self.disabled_digests: set[str] = set()
+        self.strikes = Strikes(limit=settings.audit_strikes, ban_s=settings.audit_ban_s)
 
     def lookup(
         self, tenant: str, record: ModelRecord, decoded: DecodedRequest, parameters: Mapping[str, ParamValue]
     ) -> Lookup:
         """Whether (and under which key) this request uses the cache."""
-        enabled = self._settings.enabled and record.cache and record.digest not in self.disabled_digests
         use = cache_use(
-            deterministic=record.deterministic, enabled=enabled, requested=parameters.get("cache")
+            deterministic=record.deterministic,
+            enabled=self._settings.enabled and record.cache,
+            requested=parameters.get("cache"),
+            banned=self.strikes.banned(tenant, record.name, self.store.clock.now()),
         )
         if use is not CacheUse.LOOKUP:
             return Lookup(use)
@@ -73,10 +85,17 @@ class CacheGate:
         return Lookup(use, key)
 
     async def serve(
-        self, lookup: Lookup, record: ModelRecord, decoded: DecodedRequest, execute: Execute
+        self,
+        lookup: Lookup,
+        record: ModelRecord,
+        decoded: DecodedRequest,
+        execute: Execute,
+        *,
+        charge: Charge,
     ) -> InferResult:
         """The result, from the cache or from `execute`, with its cache outcome set (none when the model
-        is not cacheable) and this request's id."""
+        is not cacheable) and this request's id. A request answered without running `execute` itself
+        first takes its rate token through `charge`."""
         model = record.name
         if lookup.use is CacheUse.OFF:
             return await execute()
@@ -86,8 +105,11 @@ class CacheGate:
             return _marked(await execute(), CacheOutcome.BYPASS, decoded.client_id)
         hit = await self._hit(lookup.key, record, decoded.client_id)
         if hit is not None:
+            charge()
             self._metrics.cache.labels(model, "hit").inc()
             return hit
+        if self._coalescer.running(lookup.key):
+            charge()  # served by another request's execution, which paid only for itself
         self._metrics.cache.labels(model, "miss").inc()
 
         async def execute_and_store() -> InferResult:
@@ -103,7 +125,7 @@ class CacheGate:
 
     async def _hit(self, key: str, record: ModelRecord, request_id: str) -> InferResult | None:
         cached = await self.store.get(key)
-        if cached is None or record.digest in self.disabled_digests:
+        if cached is None:
             return None
         try:
             result = decode_result(cached.result_bytes, request_id=request_id)
@@ -112,9 +134,11 @@ class CacheGate:
             return None
         return dataclasses.replace(result, cache=CacheOutcome.HIT)
 
-    def disable(self, digest: str) -> None:
-        """Never serve this model digest from the cache again (an audit found a wrong entry)."""
-        self.disabled_digests.add(digest)
+    async def quarantine(self, key: str, tenant: str, model: str) -> bool:
+        """An audit found the entry under `key`, hit by `tenant`, wrong: remove it from both tiers and
+        count it against the tenant; whether the tenant's requests to `model` now bypass the cache."""
+        await self.store.discard(key)
+        return self.strikes.strike(tenant, model, self.store.clock.now())
 
 
 def _marked(result: InferResult, how: CacheOutcome, request_id: str) -> InferResult:

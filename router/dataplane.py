@@ -4,8 +4,8 @@
 authenticate the key → hold the body's bytes → priority → authorize the model name → resolve the
 version → validate and make inputs canonical (`router/codec.py`) → hold the decoded inputs and twice the
 expected response → set the deadline → idempotency (claim, wait or replay) → the result cache (hit, or one
-execution per set of identical misses) → the driver → store the outcome → never OK after the deadline set
-here.
+execution per set of identical misses; a request it answers without executing pays the tenant's rate
+through `Backend.charge`) → the driver → store the outcome → never OK after the deadline set here.
 
 A transport only converts its messages to and from `router/calls.py` objects and maps a `SluiceError` to
 its status (`router/servicer.py` for KServe v2 gRPC); an HTTP/REST transport of the same protocol would
@@ -73,6 +73,10 @@ class Backend(Executor, Protocol):
         """Whether the router can serve at all: its decision loop runs and a worker accepts batches."""
         ...
 
+    def charge(self, tenant: Tenant) -> None:
+        """A request answered from the cache pays the tenant's rate; RESOURCE_EXHAUSTED when it cannot."""
+        ...
+
 
 class DriverBackend:
     """The asyncio driver as the data plane's `Backend`: the one place the data plane reads the driver."""
@@ -94,12 +98,18 @@ class DriverBackend:
         """The decision loop is healthy and some worker accepts batches."""
         return self._driver.healthy(now) and any(w.accepting for w in self._driver.core.workers)
 
+    def charge(self, tenant: Tenant) -> None:
+        """One of the tenant's rate tokens (`Driver.charge`)."""
+        self._driver.charge(tenant)
+
 
 class HitAudit(Protocol):
     """Receives cache hits, to re-run a sample of them (`router/auditor.py`)."""
 
-    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
-        """One hit, as served."""
+    def on_hit(
+        self, tenant: str, key: str, record: ModelRecord, decoded: DecodedRequest, cached: InferResult
+    ) -> None:
+        """One hit of `tenant`, as served from the entry under cache key `key`."""
         ...
 
 
@@ -257,9 +267,11 @@ class DataPlane:
             )
 
         lookup = self._cache.lookup(tenant.name, record, decoded, parameters)
-        result = await self._cache.serve(lookup, record, decoded, execute)
+        result = await self._cache.serve(
+            lookup, record, decoded, execute, charge=lambda: self._backend.charge(tenant)
+        )
         if result.cache is CacheOutcome.HIT:
-            self._audit.on_hit(record, decoded, result)
+            self._audit.on_hit(tenant.name, lookup.key, record, decoded, result)
         if progress.claimed is not None:
             await self._idempotency.succeeded(progress.claimed, result)
             progress.claimed = None  # settled: a retry replays it

@@ -228,6 +228,11 @@ class Driver:
             self._carry_out(self.core.cancel(now, request.request_id), now)
             raise
 
+    def charge(self, tenant: Tenant) -> None:
+        """A request of `tenant` answered from the cache pays its rate (`RouterCore.charge`), or raises
+        RESOURCE_EXHAUSTED."""
+        self.core.charge(self.clock.now(), tenant.name)
+
     # -- worker events ------------------------------------------------------------------------------------
     def on_message(self, worker_id: str, message: worker_pb2.WorkerMessage) -> None:
         """A message on a worker's stream: an answer to a batch, or a load report."""

@@ -122,6 +122,16 @@ class RouterMetrics:
             "sluice_cache_audits", "Audits of cache hits by outcome (match, mismatch, skipped_<reason>)",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
+        self.cache_audit_mismatches = Counter(
+            "sluice_cache_audit_mismatches", "Cache audits that found a wrong entry, by model and the tenant "
+            "whose hit was audited (the entry is purged; repeated ones make that tenant bypass the cache)",
+            ["model", "tenant"], registry=r,
+        )  # fmt: skip
+        self.store_integrity_failures = Counter(
+            "sluice_router_store_integrity_failures", "Values read from Redis (or memory) not sealed for "
+            "their key with the cluster's HMAC key (planted, copied or corrupted): treated as absent",
+            ["store"], registry=r,
+        )  # fmt: skip
         self.cache_bytes = Gauge(
             "sluice_cache_memory_bytes", "Bytes held by this router's in-memory cache tier", registry=r,
         )  # fmt: skip

@@ -281,7 +281,6 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                 memory_bytes=cache.bytes_used,
                 entries=cache.entries,
                 redis_down=cache.redis_down,
-                disabled_digests=sorted(self._cache.disabled_digests),
             )
         )
         return stats

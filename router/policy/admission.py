@@ -166,6 +166,15 @@ class AdmissionController:
         request.admitted = True
         request.latest_start = self._latest_start(request, limits, execution, now, view.estimates)
 
+    def charge(self, tenant: str, now: float) -> None:
+        """A request answered without the queue (a cache hit) pays its tenant's rate like one admitted:
+        one token of the tenant's bucket and of the global one, or RESOURCE_EXHAUSTED (nothing taken);
+        its demand counts like any arrival's."""
+        if not self.settings.enabled:
+            return
+        self.demand.note(tenant, now)
+        self.limiter.take(tenant, now)
+
     def _latest_start(
         self,
         request: QueuedRequest,

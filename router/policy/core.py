@@ -229,6 +229,11 @@ class RouterCore:
             )
             self._end(decision, victim, shed)
 
+    def charge(self, now: float, tenant: str) -> None:
+        """A request of `tenant` answered without the queue (a cache hit) pays the tenant's rate
+        (admission.py `charge`), or raises RESOURCE_EXHAUSTED."""
+        self.admission.charge(tenant, now)
+
     def cancel(self, now: float, request_id: int) -> Decision:
         """The client went away: the request leaves its queue, or its worker is told to skip it."""
         decision = Decision()

@@ -139,6 +139,13 @@ class RateLimiter:
                 reason="tenant_inflight",
                 retry_after_s=busy_retry_s,
             )
+        self.take(tenant, now)
+        self.inflight[tenant] += 1
+
+    def take(self, tenant: str, now: float) -> None:
+        """Spend one token of the tenant's bucket and of the global one, or raise RESOURCE_EXHAUSTED with
+        a retry hint (a tenant token is refunded when the global bucket refuses). What `acquire` spends,
+        without an in-flight slot: for a request answered at once (a cache hit)."""
         bucket = self._buckets[tenant]
         wait = bucket.try_take(now)
         if wait:
@@ -155,7 +162,6 @@ class RateLimiter:
                 bucket.tokens += 1.0
                 raise ResourceExhausted("the cluster is over its global request rate", reason="global_rate",
                                         retry_after_s=self._hint(wait, self._global_quota))  # fmt: skip
-        self.inflight[tenant] += 1
 
     def release(self, tenant: str) -> None:
         """A request admitted by `acquire` has ended."""

@@ -6,11 +6,11 @@ Invariants:
   value and a fixed bookkeeping overhead. A value too large to ever fit is refused, not stored.
 - `get` never returns an entry at or past its expiry; expired entries are dropped when met.
 - Eviction is least-recently-used: `get` and `put` both mark an entry as used.
-- An entry blob embeds a SHA-256 over (its cache key, model, version, result bytes). `decode_entry`
-  recomputes it, so a value stored under another key (a bug, a copy-paste in redis-cli, a key collision in
-  a shared Redis) or a truncated/corrupted value is rejected and the caller treats it as a miss. With a
-  `secret` the digest is an HMAC, which also stops anyone who can write to Redis but lacks the secret from
-  planting results; without one it guards against accidents only.
+- An entry blob embeds an HMAC-SHA256 (`router/policy/sealing.py`, under the cluster's `redis.hmac_key`)
+  over (its cache key, model, version, result bytes). `decode_entry` checks it, so a value planted by
+  anyone without the key, stored under another key (a bug, a copy-paste in redis-cli) or truncated or
+  corrupted is rejected (`Rejected.FORGED`, or `Rejected.MALFORMED` when it cannot even be parsed) and the
+  caller treats it as a miss. There is no unkeyed form.
 
 Time is the caller's `now` (seconds, any monotonic scale): nothing here reads a clock or does I/O.
 """
@@ -18,24 +18,24 @@ Time is the caller's `now` (seconds, any monotonic scale): nothing here reads a 
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.errors import InvalidArgument
+from router.policy.sealing import MAC_LEN, SealKeys
 
 ENTRY_OVERHEAD_BYTES = 128
 """Approximate per-entry cost of the dict slot, the record and the key object, charged against capacity
 so many tiny entries cannot exceed the memory bound the operator configured."""
 
-_MAGIC = b"SLC2"
-"""Format 2 holds `sluice.v1.StoredResult` (format 1 held KServe responses): an entry of another format is
-rejected, i.e. a miss, and the next put replaces it."""
-_DIGEST_LEN = 32
-_ENTRY_TAG = b"sluice/cache-entry/2"
+_MAGIC = b"SLC3"
+"""Format 3 holds `sluice.v1.StoredResult` under an HMAC (format 2: the same under a plain SHA-256, which
+anyone could recompute; format 1 held KServe responses): an entry of another format is rejected, i.e. a
+miss, and the next put replaces it."""
+_OLD_MAGICS = (b"SLC1", b"SLC2")
+_ENTRY_TAG = b"sluice/cache-entry/3"
 _HEADER = struct.Struct(">H")
 
 
@@ -152,22 +152,24 @@ class CachedResult:
     model_version: str
 
 
-def _entry_digest(key: str, model: str, model_version: str, result_bytes: bytes, secret: bytes) -> bytes:
-    parts = (_ENTRY_TAG, key.encode(), model.encode(), model_version.encode(), result_bytes)
-    material = b"".join(struct.pack(">Q", len(p)) + p for p in parts)
-    if secret:
-        return hmac.new(secret, material, hashlib.sha256).digest()
-    return hashlib.sha256(material).digest()
+class Rejected(enum.Enum):
+    """Why `decode_entry` refused a value."""
+
+    OLD_FORMAT = "old_format"
+    """An entry of format 1 or 2 (an older router sharing the Redis): a plain miss, not a forgery."""
+    MALFORMED = "malformed"
+    """Not an entry at all: truncated or garbage."""
+    FORGED = "forged"
+    """Well formed, but its MAC does not verify for this key: planted, copied from another key, or
+    corrupted."""
 
 
-def encode_entry(
-    key: str, result_bytes: bytes, model_version: str, *, model: str, secret: bytes = b""
-) -> bytes:
-    """The stored value: magic, a digest binding it to `key`, the model and version (so a purge can find
+def encode_entry(key: str, result_bytes: bytes, model_version: str, *, model: str, keys: SealKeys) -> bytes:
+    """The stored value: magic, a MAC binding it to `key`, the model and version (so a purge can find
     copies promoted from Redis), then the result bytes."""
-    digest = _entry_digest(key, model, model_version, result_bytes, secret)
+    mac = keys.seal(_ENTRY_TAG, key.encode(), model.encode(), model_version.encode(), result_bytes)
     names = b"".join(_HEADER.pack(len(b)) + b for b in (model.encode(), model_version.encode()))
-    return _MAGIC + digest + names + result_bytes
+    return _MAGIC + mac + names + result_bytes
 
 
 def _split_names(blob: bytes, at: int) -> tuple[str, str, int] | None:
@@ -187,19 +189,22 @@ def _split_names(blob: bytes, at: int) -> tuple[str, str, int] | None:
     return names[0], names[1], at
 
 
-def decode_entry(key: str, blob: bytes, *, secret: bytes = b"") -> CachedResult | None:
-    """The entry in `blob` if it is well formed and was written for `key`; None otherwise (a miss)."""
-    head = len(_MAGIC) + _DIGEST_LEN
+def decode_entry(key: str, blob: bytes, *, keys: SealKeys) -> CachedResult | Rejected:
+    """The entry in `blob` if it is well formed and was sealed for `key` by a holder of `keys`; otherwise
+    why not (the caller's miss)."""
+    head = len(_MAGIC) + MAC_LEN
+    if blob[: len(_MAGIC)] in _OLD_MAGICS:
+        return Rejected.OLD_FORMAT
     if len(blob) < head or not blob.startswith(_MAGIC):
-        return None
+        return Rejected.MALFORMED
     split = _split_names(blob, head)
     if split is None:
-        return None
+        return Rejected.FORGED  # the right magic but unparseable names: damaged or made by hand
     model, version, at = split
     result = blob[at:]
-    digest = blob[len(_MAGIC) : head]
-    if not hmac.compare_digest(digest, _entry_digest(key, model, version, result, secret)):
-        return None
+    mac = blob[len(_MAGIC) : head]
+    if not keys.verify(mac, _ENTRY_TAG, key.encode(), model.encode(), version.encode(), result):
+        return Rejected.FORGED
     return CachedResult(result_bytes=result, model=model, model_version=version)
 
 
@@ -216,16 +221,20 @@ class CacheUse(enum.Enum):
     OFF = "off"
     """The model is not cacheable (not deterministic, or its cache is disabled)."""
     BYPASS = "bypass"
-    """Cacheable, but the request set parameters["cache"]=false: neither read nor written."""
+    """Cacheable, but the request set parameters["cache"]=false, or the tenant's audits of this model failed
+    too often: neither read nor written."""
     LOOKUP = "lookup"
     """Read the cache; on a miss, execute (coalesced) and write the result."""
 
 
-def cache_use(*, deterministic: bool, enabled: bool, requested: object = None) -> CacheUse:
-    """Decide from the model's config and the request's `parameters["cache"]` (None when absent);
+def cache_use(
+    *, deterministic: bool, enabled: bool, requested: object = None, banned: bool = False
+) -> CacheUse:
+    """Decide from the model's config, the request's `parameters["cache"]` (None when absent) and whether
+    the tenant's audits of this model failed too often (`banned`: router/policy/cache_audit.py);
     InvalidArgument unless that parameter is a bool."""
     if requested is not None and not isinstance(requested, bool):
         raise InvalidArgument('parameters["cache"] must be a bool', reason="bad_parameter")
     if not (deterministic and enabled):
         return CacheUse.OFF
-    return CacheUse.BYPASS if requested is False else CacheUse.LOOKUP
+    return CacheUse.BYPASS if requested is False or banned else CacheUse.LOOKUP

@@ -5,8 +5,11 @@ Invariants:
 - `get` and `put` never raise for Redis trouble: an unreachable, slow or failing Redis is a miss (counted,
   logged once per outage, then skipped for a short back-off), so the cache can only ever cost latency
   bounded by the client's socket timeouts, never availability.
-- Every value read, from either tier, is verified against its key (`decode_entry`); a rejected value is a
-  miss and is counted in `rejected`.
+- Every value read, from either tier, is verified against its key and the cluster's HMAC keys
+  (`decode_entry`); a rejected value is a miss, is counted in `rejected`, and (unless it is an older
+  router's format) in `integrity_failures` and through `integrity_failed` — it is never served. Without
+  Redis the entries never leave the process, so a key made for this process is enough; with Redis the
+  cluster's `redis.hmac_key` is required.
 - A tier-2 hit is promoted to tier 1 for no longer than its remaining Redis TTL.
 - Redis sees only digests and outputs: entry keys are cache-key digests, values are stored results plus
   digests, and the per-model index names models and versions by their SHA-256 only.
@@ -25,14 +28,27 @@ TTL unless `purge_model` is called on each router too (the admin command fans ou
 from __future__ import annotations
 
 import hashlib
+import logging
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from common.clock import Clock, MonotonicClock
 from common.errors import Unavailable
-from router.policy.result_cache import ByteLRU, CachedResult, decode_entry, encode_entry, purge_tag
+from router.policy.result_cache import (
+    ByteLRU,
+    CachedResult,
+    Rejected,
+    decode_entry,
+    encode_entry,
+    purge_tag,
+)
+from router.policy.sealing import SealKeys
 from router.stores.redis_conn import REDIS_ERRORS, Outage
+
+log = logging.getLogger(__name__)
 
 _PUT_SCRIPT = """
 local t = redis.call('TIME')
@@ -61,6 +77,9 @@ class CacheStats:
     misses: int
     bypasses: int
     rejected: int
+    integrity_failures: int
+    """Values that were not sealed for their key by a holder of the cluster's keys (planted, copied,
+    corrupted); part of `rejected`."""
     puts: int
     evictions: int
     expired: int
@@ -97,20 +116,25 @@ class ResultCacheStore:
         redis: Redis | None = None,
         redis_ttl_s: float | None = None,
         prefix: str = "sluice:",
-        secret: bytes = b"",
+        keys: SealKeys | None = None,
         clock: Clock | None = None,
         down_backoff_s: float = 1.0,
+        integrity_failed: Callable[[], None] | None = None,
     ) -> None:
+        if keys is None and redis is not None:
+            raise ValueError("a Redis tier needs the cluster's HMAC keys (redis.hmac_key)")
         self._memory = ByteLRU(capacity_bytes, ttl_s)
         self._redis = redis
         self._redis_ttl_ms = max(1, round((redis_ttl_s or ttl_s) * 1000))
         self._prefix = prefix
-        self._secret = secret
-        self._clock = clock or MonotonicClock()
-        self.outage = Outage("result cache", backoff_s=down_backoff_s, clock=self._clock)
+        self._keys = keys or SealKeys([secrets.token_bytes(32)])
+        self.clock = clock or MonotonicClock()
+        """The cache's time scale (entry TTLs; the gate's audit bans follow it too)."""
+        self.outage = Outage("result cache", backoff_s=down_backoff_s, clock=self.clock)
         self._put_script = redis.register_script(_PUT_SCRIPT) if redis is not None else None
+        self._integrity_failed = integrity_failed
         self._hits_memory = self._hits_redis = self._misses = 0
-        self._bypasses = self._rejected = self._puts = 0
+        self._bypasses = self._rejected = self._puts = self._integrity_failures = 0
 
     @property
     def stats(self) -> CacheStats:
@@ -122,6 +146,7 @@ class ResultCacheStore:
             misses=self._misses,
             bypasses=self._bypasses,
             rejected=self._rejected,
+            integrity_failures=self._integrity_failures,
             puts=self._puts,
             evictions=lru.evictions,
             expired=lru.expired,
@@ -151,10 +176,23 @@ class ResultCacheStore:
 
     async def put(self, key: str, result_bytes: bytes, *, model: str, model_version: str) -> None:
         """Store a result in both tiers. Never raises."""
-        blob = encode_entry(key, result_bytes, model_version, model=model, secret=self._secret)
-        self._memory.put(key, blob, self._clock.now(), tag=purge_tag(model, model_version))
+        blob = encode_entry(key, result_bytes, model_version, model=model, keys=self._keys)
+        self._memory.put(key, blob, self.clock.now(), tag=purge_tag(model, model_version))
         self._puts += 1
         await self._put_redis(key, blob, model, model_version)
+
+    async def discard(self, key: str) -> None:
+        """Remove one entry from both tiers (an audit found it wrong). Never raises; the per-model index
+        keeps the member until it expires or a purge walks it, which deletes nothing then."""
+        self._memory.discard(key)
+        if self._redis is None or self.outage.skipping():
+            return
+        try:
+            await self._redis.delete(self._entry_key(key))
+        except REDIS_ERRORS as exc:
+            self.outage.failed(exc)
+            return
+        self.outage.succeeded()
 
     async def purge_model(self, model: str, version: str | None = None) -> PurgeResult:
         """Delete the entries of `model` (one version, or all when None) from tier 1 and Redis.
@@ -181,14 +219,27 @@ class ResultCacheStore:
         return f"{self._prefix}cache-index:{_sha(model)}"
 
     def _get_memory(self, key: str) -> CachedResult | None:
-        blob = self._memory.get(key, self._clock.now())
+        blob = self._memory.get(key, self.clock.now())
         if blob is None:
             return None
-        entry = decode_entry(key, blob, secret=self._secret)
+        entry = self._verified(key, blob, "memory")
         if entry is None:
             self._memory.discard(key)
-            self._rejected += 1
         return entry
+
+    def _verified(self, key: str, blob: bytes, tier: str) -> CachedResult | None:
+        """The entry, or None (a miss) counted as rejected and, unless an older format, as forged."""
+        entry = decode_entry(key, blob, keys=self._keys)
+        if isinstance(entry, CachedResult):
+            return entry
+        self._rejected += 1
+        if entry is not Rejected.OLD_FORMAT:
+            self._integrity_failures += 1
+            log.warning("a %s cache entry failed its integrity check (%s): treated as a miss", tier,
+                        entry.value)  # fmt: skip
+            if self._integrity_failed is not None:
+                self._integrity_failed()
+        return None
 
     async def _get_redis(self, key: str) -> CachedResult | None:
         if self._redis is None or self.outage.skipping():
@@ -204,13 +255,12 @@ class ResultCacheStore:
         self.outage.succeeded()
         if blob is None:
             return None
-        entry = decode_entry(key, blob, secret=self._secret)
+        entry = self._verified(key, blob, "Redis")
         if entry is None:
-            self._rejected += 1
             return None
         ttl_s = pttl_ms / 1000 if pttl_ms > 0 else None
         tag = purge_tag(entry.model, entry.model_version)
-        self._memory.put(key, blob, self._clock.now(), tag=tag, ttl_s=ttl_s)
+        self._memory.put(key, blob, self.clock.now(), tag=tag, ttl_s=ttl_s)
         return entry
 
     async def _put_redis(self, key: str, blob: bytes, model: str, model_version: str) -> None:

@@ -51,6 +51,10 @@ class Coalescer(Generic[T]):
         """Keys with an execution running now."""
         return len(self._flights)
 
+    def running(self, key: Hashable) -> bool:
+        """Whether a `run(key, ...)` now would join an execution instead of starting one."""
+        return key in self._flights
+
     async def run(self, key: Hashable, factory: Callable[[], Awaitable[T]]) -> T:
         """The result of the execution for `key`: a new one, or the one already in flight."""
         flight = self._flights.get(key)

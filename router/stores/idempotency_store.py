@@ -14,6 +14,10 @@ Two implementations of `IdempotencyStore`:
   write + PUBLISH on the channel named like the record key, EXEC; retried on a concurrent change).
   Waiters subscribe (confirmed) *before* re-reading the record, so no publish is missed, and re-read every
   `recheck_s` anyway, which bounds the delay after a dead owner's lease ends or a lost message.
+  Records are sealed with the cluster's HMAC key (`encode_record`); a value that is not (planted, copied
+  from another key, corrupted) is treated as absent — counted in `integrity_failures`, never replayed —
+  and a claim replaces it with a compare-and-set, so it cannot block its key either. A record of an older
+  router's (unsealed) format is refused instead (UNAVAILABLE, fail closed) until it expires.
 
 Failure modes: a keyed request must not run twice, so when Redis is unreachable `claim` and `wait` raise
 `Unavailable(reason="idempotency_store_down")` with a retry hint (fail closed), quickly: socket timeouts
@@ -50,6 +54,7 @@ from router.policy.idempotency import (
     Pending,
     Proceed,
     Record,
+    RecordRejected,
     Replay,
     StoredOutcome,
     Ticket,
@@ -65,11 +70,22 @@ from router.policy.idempotency import (
     on_wake,
     store_down_error,
 )
+from router.policy.sealing import SealKeys
 from router.stores.redis_conn import REDIS_ERRORS, Outage, Subscriber
 
 log = logging.getLogger(__name__)
 
 _WATCH_ATTEMPTS = 5
+_CLAIM_ATTEMPTS = 3
+
+_REPLACE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', tonumber(ARGV[3]))
+  return 1
+end
+return 0
+"""
+"""Replace a rejected record with our claim only if it is still the value we rejected (compare-and-set)."""
 
 
 def new_ticket(scoped_key: str, fingerprint: str, tenant: str) -> Ticket:
@@ -88,6 +104,9 @@ class IdempotencyStats:
     completions: int = 0
     releases: int = 0
     store_errors: int = 0
+    integrity_failures: int = 0
+    """Records read that were not sealed for their key by a holder of the cluster's keys (treated as
+    absent)."""
 
     def count(self, decision: ClaimDecision) -> None:
         """Count one claim's decision."""
@@ -250,12 +269,17 @@ class RedisIdempotencyStore:
         self,
         redis: Redis,
         *,
+        keys: SealKeys,
         prefix: str = "sluice:",
         clock: Clock | None = None,
         recheck_s: float = 0.5,
         down_backoff_s: float = 1.0,
+        integrity_failed: Callable[[], None] | None = None,
     ) -> None:
         self._redis = redis
+        self._keys = keys
+        self._integrity_failed = integrity_failed
+        self._replace = redis.register_script(_REPLACE_SCRIPT)
         self._prefix = prefix
         self._clock = clock or MonotonicClock()
         self._recheck_s = recheck_s
@@ -270,29 +294,36 @@ class RedisIdempotencyStore:
     async def claim(
         self, scoped_key: str, fingerprint: str, lease_s: float, tenant: str = ""
     ) -> ClaimDecision:
-        """One atomic SET NX PX GET; see `IdempotencyStore.claim`. Unavailable when Redis is down (Redis
-        bounds its memory itself: `maxmemory` with a TTL-aware eviction policy, docs/security.md)."""
+        """One atomic SET NX PX GET; see `IdempotencyStore.claim`. A record that fails its integrity check
+        is replaced (compare-and-set) as if absent. Unavailable when Redis is down (Redis bounds its
+        memory itself: `maxmemory` with a TTL-aware eviction policy, docs/security.md)."""
         self._check_up()
         ticket = new_ticket(scoped_key, fingerprint, tenant)
-        value = encode_record(in_flight(ticket, 0.0, lease_s))
-        try:
-            old = await self._redis.set(
-                self.record_key(scoped_key), value, px=_ms(lease_s), nx=True, get=True
-            )
-        except REDIS_ERRORS as exc:
-            raise self._down(exc) from exc
-        self.outage.succeeded()
-        decision: ClaimDecision = (
-            Proceed(ticket) if old is None else decide(self._parse(old), ticket=ticket, now=0.0)
-        )
-        self.stats.count(decision)
-        return decision
+        key = self.record_key(scoped_key)
+        value = encode_record(in_flight(ticket, 0.0, lease_s), scoped_key=scoped_key, keys=self._keys)
+        for _ in range(_CLAIM_ATTEMPTS):
+            try:
+                old = await self._redis.set(key, value, px=_ms(lease_s), nx=True, get=True)
+                existing = None if old is None else self._parse(scoped_key, old)
+                if old is not None and existing is None:
+                    replaced = await self._replace(keys=[key], args=[_as_bytes(old), value, _ms(lease_s)])
+                    if not replaced:
+                        continue  # it changed since: read it again
+            except REDIS_ERRORS as exc:
+                raise self._down(exc) from exc
+            self.outage.succeeded()
+            decision = Proceed(ticket) if existing is None else decide(existing, ticket=ticket, now=0.0)
+            self.stats.count(decision)
+            return decision
+        self.stats.store_errors += 1
+        raise store_down_error("the record kept changing under a rejected value")
 
     async def complete(
         self, ticket: Ticket, outcome: StoredOutcome, ttl_s: float = DEFAULT_RECORD_TTL_S
     ) -> bool:
         """See `IdempotencyStore.complete`."""
-        value = encode_record(completed(ticket, outcome, 0.0, ttl_s))
+        record = completed(ticket, outcome, 0.0, ttl_s)
+        value = encode_record(record, scoped_key=ticket.scoped_key, keys=self._keys)
         stored = await self._transition(ticket, may_complete, value, _ms(ttl_s), b"completed")
         self.stats.completions += stored
         return stored
@@ -312,7 +343,7 @@ class RedisIdempotencyStore:
             async with self._subscriber.watch(key) as changed:
                 while True:
                     changed.clear()
-                    seen = on_wake(await self._read(key), fingerprint, 0.0)
+                    seen = on_wake(await self._read(scoped_key), fingerprint, 0.0)
                     remaining = deadline - self._clock.now()
                     if not isinstance(seen, Pending) or remaining <= 0:
                         return None if isinstance(seen, Pending) else seen
@@ -325,22 +356,39 @@ class RedisIdempotencyStore:
         """Close the shared pub/sub connection."""
         await self._subscriber.close()
 
-    async def _read(self, key: str) -> Record | None:
-        raw = await self._redis.get(key)
+    async def _read(self, scoped_key: str) -> Record | None:
+        raw = await self._redis.get(self.record_key(scoped_key))
         self.outage.succeeded()
-        return None if raw is None else self._parse(raw)
+        return None if raw is None else self._parse(scoped_key, raw)
 
-    def _parse(self, raw: object) -> Record:
+    def _parse(self, scoped_key: str, raw: object) -> Record | None:
+        """The record, or None (absent) when it fails its integrity check; Unavailable for an older
+        router's format, which may be a live claim this router cannot read (fail closed)."""
         try:
-            return decode_record(_as_bytes(raw))
-        except ValueError as exc:
-            # Another format (a newer router mid-upgrade?) or tampering: refuse rather than guess.
+            return self._decode(scoped_key, raw)
+        except RecordRejected as exc:
+            if not exc.old_format:
+                return None
             self.stats.store_errors += 1
             raise Unavailable(
                 f"unreadable idempotency record ({exc})",
                 reason="idempotency_record_unreadable",
                 retry_after_s=1.0,
             ) from exc
+
+    def _decode(self, scoped_key: str, raw: object) -> Record:
+        """`decode_record`, counting (and logging) a value that fails its integrity check."""
+        try:
+            if not isinstance(raw, bytes):
+                raise RecordRejected(f"expected bytes from Redis, got {type(raw).__name__}")
+            return decode_record(raw, scoped_key=scoped_key, keys=self._keys)
+        except RecordRejected as exc:
+            if not exc.old_format:
+                self.stats.integrity_failures += 1
+                log.warning("an idempotency record failed its integrity check (%s): treated as absent", exc)
+                if self._integrity_failed is not None:
+                    self._integrity_failed()
+            raise
 
     async def _transition(
         self,
@@ -378,8 +426,8 @@ class RedisIdempotencyStore:
             await pipe.watch(key)
             raw = await pipe.get(key)
             try:
-                existing = None if raw is None else decode_record(_as_bytes(raw))
-            except ValueError:
+                existing = None if raw is None else self._decode(ticket.scoped_key, raw)
+            except RecordRejected:
                 existing = None  # unreadable: a completion may replace it, a release never matches it
             if not allowed(existing, ticket, 0.0):
                 return False

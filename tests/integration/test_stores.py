@@ -9,7 +9,9 @@ bounded, and teardown closes every store and client and stops the server.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import struct
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +22,20 @@ from redis.asyncio import Redis
 from common.clock import MonotonicClock
 from common.errors import Code, SluiceError
 from router.policy.cache_keys import TensorBytes, cache_key, cache_scope, request_fingerprint
-from router.policy.idempotency import Conflict, Proceed, Replay, StoredError, StoredSuccess, Wait, scoped_key
-from router.policy.result_cache import CachedResult
+from router.policy.idempotency import (
+    Conflict,
+    Proceed,
+    Record,
+    Replay,
+    State,
+    StoredError,
+    StoredSuccess,
+    Wait,
+    encode_record,
+    scoped_key,
+)
+from router.policy.result_cache import CachedResult, encode_entry
+from router.policy.sealing import SealKeys
 from router.stores.cache_store import ResultCacheStore
 from router.stores.coalescer import Coalescer
 from router.stores.idempotency_store import RedisIdempotencyStore, acquire
@@ -35,15 +49,20 @@ RAW_MARKER = b"RAW-INPUT-MARKER-\x00\x01\x02-do-not-leak"
 RAW_KEY = "client-idempotency-key-DO-NOT-LEAK"
 OUTPUT = b"model-output-bytes"
 MB = 1 << 20
+KEYS = SealKeys([b"cluster-hmac-key-for-these-tests!"])
+ATTACKER = SealKeys([b"a-key-the-routers-have-never-seen"])
+PLANTED = b"planted-result-bytes"
 
 
 class Routers:
-    """Makes per-"router" clients and stores, and closes all of them at teardown."""
+    """Makes per-"router" clients and stores (sharing the cluster's HMAC key), counts the integrity
+    failures they report, and closes all of them at teardown."""
 
     def __init__(self, server: RedisServer) -> None:
         self.server = server
         self.clients: list[Redis] = []
         self.idem_stores: list[RedisIdempotencyStore] = []
+        self.integrity_failures: list[str] = []
 
     def client(self) -> Redis:
         client = open_redis(RedisOptions(url=self.server.url))
@@ -51,13 +70,25 @@ class Routers:
         return client
 
     def idempotency(self, **kwargs: Any) -> RedisIdempotencyStore:
-        store = RedisIdempotencyStore(self.client(), down_backoff_s=0.2, **kwargs)
+        store = RedisIdempotencyStore(
+            self.client(),
+            keys=KEYS,
+            down_backoff_s=0.2,
+            integrity_failed=lambda: self.integrity_failures.append("idempotency"),
+            **kwargs,
+        )
         self.idem_stores.append(store)
         return store
 
     def cache(self, **kwargs: Any) -> ResultCacheStore:
         return ResultCacheStore(
-            capacity_bytes=MB, ttl_s=60, redis=self.client(), down_backoff_s=0.2, **kwargs
+            capacity_bytes=MB,
+            ttl_s=60,
+            redis=self.client(),
+            keys=KEYS,
+            down_backoff_s=0.2,
+            integrity_failed=lambda: self.integrity_failures.append("cache"),
+            **kwargs,
         )
 
     async def close(self) -> None:
@@ -222,6 +253,73 @@ async def test_redis_values_under_the_wrong_key_or_corrupted_are_misses(routers:
     await redis.set(f"sluice:cache:{k1}", good[:-1] + bytes([good[-1] ^ 1]))
     assert await b.get(k1) is None
     assert b.stats.rejected == 2 and b.stats.hits == 0
+    assert b.stats.integrity_failures == 2 and routers.integrity_failures == ["cache", "cache"]
+
+
+def _format_2_entry(key: str, result: bytes) -> bytes:
+    """A cache entry as format 2 stored it: under a plain SHA-256 that anyone can compute."""
+    parts = (b"sluice/cache-entry/2", key.encode(), b"mlp", b"1", result)
+    digest = hashlib.sha256(b"".join(struct.pack(">Q", len(p)) + p for p in parts)).digest()
+    return b"SLC2" + digest + b"\x00\x03mlp\x00\x011" + result
+
+
+async def test_forged_and_corrupt_cache_entries_written_into_redis_are_counted_misses(
+    routers: Routers,
+) -> None:
+    """Someone who can write to Redis but lacks the cluster's HMAC key cannot plant a result: not in the
+    unkeyed format 2, not in format 3 under another key; a corrupted entry is not served either."""
+    a, b = routers.cache(), routers.cache()
+    redis = routers.client()
+    forged_2, forged_3, corrupt = key_for("gold"), key_for("gold", version="2"), key_for("gold", version="3")
+    await redis.set(f"sluice:cache:{forged_2}", _format_2_entry(forged_2, PLANTED))
+    planted = encode_entry(forged_3, PLANTED, "2", model="mlp", keys=ATTACKER)
+    await redis.set(f"sluice:cache:{forged_3}", planted)
+    await a.put(corrupt, OUTPUT, model="mlp", model_version="3")
+    good = await redis.get(f"sluice:cache:{corrupt}")
+    assert isinstance(good, bytes)
+    await redis.set(f"sluice:cache:{corrupt}", good.replace(OUTPUT, b"X" + OUTPUT[1:]))
+    for key in (forged_2, forged_3, corrupt):
+        assert await b.get(key) is None
+    stats = b.stats
+    assert (stats.hits, stats.misses, stats.rejected, stats.integrity_failures) == (0, 3, 3, 2)
+    assert routers.integrity_failures == ["cache", "cache"]  # format 2 is an older router's: a plain miss
+    await b.put(forged_3, OUTPUT, model="mlp", model_version="2")  # the next put replaces a forgery
+    assert await a.get(forged_3) == CachedResult(OUTPUT, "mlp", "2")
+
+
+def _format_2_record(outcome: bytes) -> bytes:
+    """A completed idempotency record as format 2 stored it (no seal)."""
+    return b"SLI2D" + b"\x00" + bytes([len(FP)]) + FP.encode() + b"\x00\x03tok" + b"R\x00\x011" + outcome
+
+
+async def test_forged_and_corrupt_idempotency_records_written_into_redis_are_never_replayed(
+    routers: Routers,
+) -> None:
+    """A record sealed with another key, or corrupted, is treated as absent (counted) and the claim
+    replaces it; an unsealed record of format 2 is refused (fail closed), never replayed."""
+    store = routers.idempotency()
+    redis = routers.client()
+    planted = Record(FP, State.COMPLETED, "attacker", StoredSuccess(PLANTED, "1"), 0.0)
+    forged_key, corrupt_key, old_key = (scoped_key("gold", f"{RAW_KEY}-{i}") for i in range(3))
+    await redis.set(
+        store.record_key(forged_key), encode_record(planted, scoped_key=forged_key, keys=ATTACKER)
+    )
+    genuine = await store.claim(corrupt_key, FP, lease_s=30)
+    assert isinstance(genuine, Proceed) and await store.complete(genuine.ticket, OK)
+    sealed = await redis.get(store.record_key(corrupt_key))
+    assert isinstance(sealed, bytes)
+    await redis.set(store.record_key(corrupt_key), sealed.replace(OUTPUT, b"X" + OUTPUT[1:]))
+    for key in (forged_key, corrupt_key):
+        claimed = await store.claim(key, FP, lease_s=30)
+        assert isinstance(claimed, Proceed), claimed  # a miss: this caller executes
+        assert await store.complete(claimed.ticket, OK)
+        assert await routers.idempotency().claim(key, FP, lease_s=30) == Replay(OK)  # its own outcome now
+    assert store.stats.integrity_failures == 2
+    assert routers.integrity_failures == ["idempotency", "idempotency"]
+    await redis.set(store.record_key(old_key), _format_2_record(PLANTED))
+    with pytest.raises(SluiceError) as caught:
+        await store.claim(old_key, FP, lease_s=30)
+    assert caught.value.code == Code.UNAVAILABLE and caught.value.reason == "idempotency_record_unreadable"
 
 
 async def test_purge_model_and_version(routers: Routers) -> None:

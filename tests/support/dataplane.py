@@ -97,6 +97,10 @@ class FakeBackend:
     errors: list[Exception] = field(default_factory=list)
     delay_s: float = 0.0
     during: Callable[[DecodedRequest], None] | None = None
+    charged: list[str] = field(default_factory=list)
+    """Tenants charged a rate token for a request the cache answered."""
+    charge_errors: list[Exception] = field(default_factory=list)
+    """Raised, in order, by the next charges (e.g. the tenant's rate limit)."""
 
     async def infer(
         self, decoded: DecodedRequest, deadline: float, tenant: Tenant, priority: int, *, arrival: float
@@ -124,6 +128,12 @@ class FakeBackend:
         """Whether (model, version) is in `serving`."""
         return (model, version) in self.serving
 
+    def charge(self, tenant: Tenant) -> None:
+        """Note the charge, or raise the next error in `charge_errors`."""
+        if self.charge_errors:
+            raise self.charge_errors.pop(0)
+        self.charged.append(tenant.name)
+
     def ready(self, now: float) -> bool:
         """Ready while it serves anything."""
         return bool(self.serving)
@@ -135,7 +145,9 @@ class RecordingAudit:
 
     hits: list[InferResult] = field(default_factory=list)
 
-    def on_hit(self, record: ModelRecord, decoded: DecodedRequest, cached: InferResult) -> None:
+    def on_hit(
+        self, tenant: str, key: str, record: ModelRecord, decoded: DecodedRequest, cached: InferResult
+    ) -> None:
         """Keep the hit."""
         self.hits.append(cached)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from common.config import load_config
 from common.exit_codes import EXIT_DEVICE_FAULT
-from common.local_cluster import Child, RestartBudget, Supervisor
+from common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env
 
 
 def exits_with(code: int) -> list[str]:
@@ -64,3 +65,18 @@ def test_a_worker_that_left_after_a_device_fault_is_restarted_within_its_budget(
     assert err.count("worker-2 exited with 1") == 1  # any other exit: reported once, never restarted
     children[2].stop(5)
     assert not supervisor.check(3.0)  # without the router the cluster cannot serve
+
+
+def test_sluice_up_gives_its_routers_a_redis_hmac_key_unless_the_config_has_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLUICE_REDIS__HMAC_KEY", "SLUICE_REDIS__HMAC_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    env = _redis_key_env(None, tmp_path)
+    path = Path(env["SLUICE_REDIS__HMAC_KEY_FILE"])
+    assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_text()) == 64
+    routers = {**env, "SLUICE_REDIS__URL": "redis://127.0.0.1:6379/0"}
+    assert load_config(environ=routers).redis.hmac_keys() == [path.read_text().encode()]
+    config = tmp_path / "sluice.yaml"
+    config.write_text("redis:\n  hmac_key: " + "k" * 32 + "\n")
+    assert _redis_key_env(config, tmp_path) == {}  # the config's own key is kept (both would be an error)

@@ -16,6 +16,7 @@ from router.policy.idempotency import (
     Pending,
     Proceed,
     Record,
+    RecordRejected,
     Replay,
     State,
     StoredError,
@@ -30,9 +31,11 @@ from router.policy.idempotency import (
     settle,
     validate_key,
 )
+from router.policy.sealing import SealKeys
 from router.stores.idempotency_store import InProcessIdempotencyStore, acquire
 
 SK = scoped_key("gold", "order-42")
+KEYS = SealKeys([b"k" * 32])
 OK = StoredSuccess(b"response-bytes", "3")
 
 
@@ -254,25 +257,45 @@ def test_on_wake() -> None:
     ],
 )
 def test_record_round_trip(record: Record) -> None:
-    assert decode_record(encode_record(record)) == record
+    assert decode_record(encode_record(record, scoped_key=SK, keys=KEYS), scoped_key=SK, keys=KEYS) == record
 
 
-@pytest.mark.parametrize("bad", [b"", b"SLI2", b"XXXXF\x00\x00\x00\x00-", b"SLI2F\x00\x05ab"])
-def test_malformed_records_raise_value_error(bad: bytes) -> None:
-    with pytest.raises(ValueError):
-        decode_record(bad)
+def _sealed(body: bytes, key: str = SK) -> bytes:
+    """A record of this format around `body`, sealed correctly (as only a buggy writer could make it)."""
+    return b"SLI3" + KEYS.seal(b"sluice/idempotency-record/3", key.encode(), body) + body
 
 
-def test_a_completed_record_without_outcome_is_malformed() -> None:
-    blob = encode_record(Record("fp", State.IN_FLIGHT, "tok", None, math.inf))
-    with pytest.raises(ValueError):
-        decode_record(blob.replace(b"SLI2F", b"SLI2D", 1))
+@pytest.mark.parametrize("bad", [b"", b"SLI3", b"XXXXF\x00\x00\x00\x00-", b"SLI3" + b"\x00" * 40])
+def test_malformed_records_are_rejected(bad: bytes) -> None:
+    with pytest.raises(RecordRejected) as caught:
+        decode_record(bad, scoped_key=SK, keys=KEYS)
+    assert not caught.value.old_format
 
 
-def test_a_record_of_the_format_that_held_kserve_responses_is_not_read() -> None:
-    blob = encode_record(Record("fp", State.COMPLETED, "tok", StoredSuccess(b"kserve-bytes", "1"), math.inf))
-    with pytest.raises(ValueError):
-        decode_record(b"SLI1" + blob[4:])
+def test_a_sealed_but_malformed_record_is_rejected() -> None:
+    for body in (b"F\x00\x05ab", b"D\x00\x02fp\x00\x03tok-"):  # truncated; completed without outcome
+        with pytest.raises(RecordRejected):
+            decode_record(_sealed(body), scoped_key=SK, keys=KEYS)
+
+
+def test_records_of_older_formats_are_told_apart() -> None:
+    blob = encode_record(Record("fp", State.COMPLETED, "tok", OK, math.inf), scoped_key=SK, keys=KEYS)
+    for magic in (b"SLI1", b"SLI2"):
+        with pytest.raises(RecordRejected) as caught:
+            decode_record(magic + blob[4:], scoped_key=SK, keys=KEYS)
+        assert caught.value.old_format
+
+
+def test_only_a_holder_of_the_key_can_make_a_record_for_its_key() -> None:
+    record = Record("fp", State.COMPLETED, "tok", OK, math.inf)
+    forged = encode_record(record, scoped_key=SK, keys=SealKeys([b"y" * 32]))
+    elsewhere = encode_record(record, scoped_key=scoped_key("gold", "other"), keys=KEYS)
+    flipped = bytearray(encode_record(record, scoped_key=SK, keys=KEYS))
+    flipped[-1] ^= 0x01
+    for bad in (forged, elsewhere, bytes(flipped)):
+        with pytest.raises(RecordRejected) as caught:
+            decode_record(bad, scoped_key=SK, keys=KEYS)
+        assert not caught.value.old_format
 
 
 # ---------------------------------------------------------------- the in-process store and acquire

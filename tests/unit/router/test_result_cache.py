@@ -12,15 +12,20 @@ from router.policy.result_cache import (
     ByteLRU,
     CachedResult,
     CacheUse,
+    Rejected,
     cache_use,
     decode_entry,
     encode_entry,
     purge_tag,
 )
+from router.policy.sealing import SealKeys
 from router.stores.cache_store import ResultCacheStore
 
 K = "k" * 64  # cache keys are 64 hex digits
 ENTRY = len(K) + 100 + ENTRY_OVERHEAD_BYTES  # the charge for a 100-byte value under a 64-char key
+
+
+KEYS = SealKeys([b"k" * 32])
 
 
 def key(i: int) -> str:
@@ -108,39 +113,50 @@ def test_purge_by_tag() -> None:
 
 
 def test_entry_round_trip() -> None:
-    blob = encode_entry(K, b"response", "7", model="mlp")
-    assert decode_entry(K, blob) == CachedResult(b"response", "mlp", "7")
-    assert decode_entry(K, encode_entry(K, b"", "", model="m")) == CachedResult(b"", "m", "")
+    blob = encode_entry(K, b"response", "7", model="mlp", keys=KEYS)
+    assert decode_entry(K, blob, keys=KEYS) == CachedResult(b"response", "mlp", "7")
+    empty = encode_entry(K, b"", "", model="m", keys=KEYS)
+    assert decode_entry(K, empty, keys=KEYS) == CachedResult(b"", "m", "")
 
 
 def test_entry_under_another_key_is_rejected() -> None:
-    blob = encode_entry(key(1), b"response", "7", model="mlp")
-    assert decode_entry(key(2), blob) is None
+    blob = encode_entry(key(1), b"response", "7", model="mlp", keys=KEYS)
+    assert decode_entry(key(2), blob, keys=KEYS) is Rejected.FORGED
 
 
-@pytest.mark.parametrize("where", [0, 5, 40, -1])
+@pytest.mark.parametrize("where", [5, 40, -1])
 def test_a_corrupted_entry_is_rejected(where: int) -> None:
-    blob = bytearray(encode_entry(K, b"response", "7", model="mlp"))
+    blob = bytearray(encode_entry(K, b"response", "7", model="mlp", keys=KEYS))
     blob[where] ^= 0x01
-    assert decode_entry(K, bytes(blob)) is None
+    assert decode_entry(K, bytes(blob), keys=KEYS) is Rejected.FORGED
 
 
 def test_truncated_and_garbage_entries_are_rejected() -> None:
-    blob = encode_entry(K, b"response", "7", model="mlp")
-    for bad in (b"", b"SLC2", blob[:40], blob[:-1], b"x" * 100):
-        assert decode_entry(K, bad) is None
+    blob = encode_entry(K, b"response", "7", model="mlp", keys=KEYS)
+    for bad in (b"", b"SLC3", blob[:30], b"x" * 100):
+        assert decode_entry(K, bad, keys=KEYS) is Rejected.MALFORMED
+    for damaged in (blob[:40], blob[:-1]):  # its own magic, but cut short: damaged or made by hand
+        assert decode_entry(K, damaged, keys=KEYS) is Rejected.FORGED
 
 
-def test_an_entry_of_the_format_that_held_kserve_responses_is_a_miss() -> None:
-    blob = encode_entry(K, b"response", "7", model="mlp")
-    assert decode_entry(K, b"SLC1" + blob[4:]) is None
+def test_entries_of_older_formats_are_misses_but_not_forgeries() -> None:
+    blob = encode_entry(K, b"response", "7", model="mlp", keys=KEYS)
+    for magic in (b"SLC1", b"SLC2"):
+        assert decode_entry(K, magic + blob[4:], keys=KEYS) is Rejected.OLD_FORMAT
 
 
-def test_a_secret_makes_the_digest_an_hmac() -> None:
-    blob = encode_entry(K, b"response", "7", model="mlp", secret=b"s3cret")
-    assert decode_entry(K, blob, secret=b"s3cret") is not None
-    assert decode_entry(K, blob) is None
-    assert decode_entry(K, encode_entry(K, b"response", "7", model="mlp"), secret=b"s3cret") is None
+def test_only_a_holder_of_the_key_can_make_an_entry() -> None:
+    """The format-2 entry was a plain SHA-256 that anyone could recompute; now an entry made with any other
+    key (or none) is a forgery, and a rotation's old key is accepted for reading only."""
+    forged = encode_entry(K, b"planted", "7", model="mlp", keys=SealKeys([b"y" * 32]))
+    assert decode_entry(K, forged, keys=KEYS) is Rejected.FORGED
+    rotated = SealKeys([b"n" * 32, b"k" * 32])
+    assert decode_entry(K, encode_entry(K, b"r", "7", model="mlp", keys=KEYS), keys=rotated) is not None
+    assert (
+        decode_entry(K, encode_entry(K, b"r", "7", model="mlp", keys=rotated), keys=KEYS) is Rejected.FORGED
+    )
+    with pytest.raises(ValueError):
+        SealKeys([])
 
 
 # ---------------------------------------------------------------- when the cache is used
@@ -152,6 +168,8 @@ def test_cache_use() -> None:
     assert cache_use(deterministic=True, enabled=True, requested=False) is CacheUse.BYPASS
     assert cache_use(deterministic=False, enabled=True) is CacheUse.OFF
     assert cache_use(deterministic=True, enabled=False, requested=True) is CacheUse.OFF
+    assert cache_use(deterministic=True, enabled=True, banned=True) is CacheUse.BYPASS
+    assert cache_use(deterministic=False, enabled=True, banned=True) is CacheUse.OFF
     with pytest.raises(SluiceError) as caught:
         cache_use(deterministic=True, enabled=True, requested="false")
     assert caught.value.reason == "bad_parameter"
@@ -175,3 +193,8 @@ async def test_store_without_redis_hits_misses_and_purges() -> None:
     stats = store.stats
     assert (stats.hits, stats.misses, stats.bypasses, stats.puts) == (1, 2, 1, 2)
     assert (stats.expired, stats.purged, stats.entries, stats.bytes_used) == (1, 1, 0, 0)
+
+
+def test_a_redis_tier_needs_the_clusters_key() -> None:
+    with pytest.raises(ValueError, match="HMAC"):
+        ResultCacheStore(capacity_bytes=ENTRY, ttl_s=10, redis=object())  # type: ignore[arg-type]
