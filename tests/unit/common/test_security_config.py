@@ -1,5 +1,5 @@
 """Security settings in common/config.py and common/cluster_auth.py: secrets from files, pairs that go
-together, keys named in errors, secrets never in a repr, token comparison."""
+together, keys named in errors, secrets never in a repr, which tokens a worker's proofs accept."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from common.cluster_auth import TokenCheck, require_worker_credentials
+from common.cluster_auth import require_worker_credentials
+from common.cluster_proof import IdentityNotProven, ProofIssuer, check_answer, derive_key, new_nonce
 from common.config import ClusterSettings, ConfigError, SluiceConfig, load_config
 from common.tls import read_pem
 
@@ -50,16 +51,24 @@ def test_bad_security_settings_name_the_key(environ: dict[str, str], named: str)
 
 def test_a_worker_needs_tls_or_a_token() -> None:
     with pytest.raises(ConfigError, match=r"cluster\.token"):
-        require_worker_credentials(ClusterSettings())
-    require_worker_credentials(ClusterSettings(token=SecretStr(TOKEN)))
+        require_worker_credentials(ClusterSettings(), "w-1")
+    require_worker_credentials(ClusterSettings(token=SecretStr(TOKEN)), "w-1")
 
 
-def test_token_check_accepts_every_configured_token_and_nothing_else() -> None:
+def test_a_worker_proves_every_configured_token_and_nothing_else() -> None:
     settings = ClusterSettings(token=SecretStr(TOKEN), accepted_tokens=[SecretStr("the-previous-token-xx")])
-    check = TokenCheck(settings.accepted())
-    assert check.allows(TOKEN) and check.allows("the-previous-token-xx")
-    assert not check.allows(None) and not check.allows("") and not check.allows(TOKEN[:-1])
-    assert not TokenCheck([]).enabled
+    issuer = ProofIssuer(settings.accepted())
+    nonce = new_nonce()
+    answer = issuer.answer("workers/w-1", "admin", nonce, 0.0)
+    for token in (TOKEN, "the-previous-token-xx"):
+        check_answer(
+            derive_key(token), caller="admin", expected="workers/w-1", caller_nonce=nonce, answer=answer
+        )
+    with pytest.raises(IdentityNotProven):
+        check_answer(
+            derive_key(TOKEN[:-1]), caller="admin", expected="workers/w-1", caller_nonce=nonce, answer=answer
+        )
+    assert not ProofIssuer([]).enabled
 
 
 def test_unreadable_certificates_name_the_key(tmp_path: Path) -> None:
