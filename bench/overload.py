@@ -1,12 +1,20 @@
 """The overload experiment (issue 3): 3 x capacity on a real local cluster, with and without admission.
 
 A local cluster (`sluice up`, one worker) serves a `synthetic` model whose simulated device time is
-t(b) = 20 ms + 2 ms·b with batches of up to 8, so its capacity is C = 8 / 36 ms ≈ 222 req/s. Tenant `gold`
-(priority 1) offers 0.5 x C and `bronze` (priority 3) 2.5 x C, open-loop, every request with a 500 ms
-deadline. While the load runs, the router's /metrics are sampled (deepest lane, resident memory); after
-it, we check that the queues are empty within one deadline.
+t(b) = s·(20 ms + 2 ms·b) with batches of up to 8, so its capacity is C = 8 / (s·36 ms), ≈ 222 req/s at
+s = 1. Tenant `gold` (priority 1) offers 0.5 x C and `bronze` (priority 3) 2.5 x C, open-loop, every
+request with an s·500 ms deadline. While the load runs, the router's /metrics are sampled (deepest lane,
+resident memory); after it, we check that the queues are empty within one deadline.
 
-    python -m bench.overload [--duration 20] [--json out.json]      # both runs, then a comparison
+The experiment is worker-bound: overload must exhaust the worker while the router, whose front door is
+tenant-blind (router/policy/door.py), stays well inside its CPU. A rate fixed in req/s would not keep that
+on a slower core, so the time scale s is calibrated at the start (`calibrate`): a cluster like the
+experiment's, whose worker answers at once, is driven flat out by a closed loop (bench/calibration.py),
+and s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the rate it served. A larger s
+runs the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads
+relative to C.
+
+    python -m bench.overload [--duration 20] [--scale S] [--json out.json]   # calibrate, both runs, compare
 
 The e2e test tests/e2e/test_overload.py runs the same code and asserts the promises.
 """
@@ -15,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,31 +38,112 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.calibration import RouterSpeed, measure_router, one_row_request, scale_for
 from bench.loadgen import run_scenario
 from bench.loadgen_scenario import parse_scenario
 from common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from router.policy.tenants import hash_api_key
 
 BASE_MS, PER_ITEM_MS, MAX_BATCH = 20.0, 2.0, 8
+"""t(b) at s = 1."""
+DEADLINE_MS = 500.0
+"""Every request's deadline at s = 1: about 14 full batches' time."""
 CAPACITY_RPS = MAX_BATCH / ((BASE_MS + PER_ITEM_MS * MAX_BATCH) / 1000)
-DEADLINE_MS = 500
+"""C at s = 1."""
 LANE_BOUND = 64
+HEADROOM = 0.4
+"""3 x C is at most this share of what the router path served flat out in the calibration. With admission
+two thirds of it is refused, at about a sixth of the cost of serving a request, so the router spends under
+a fifth of its measured capacity; as a plain FIFO, under a third. With the CPU limited to 0.8 of a core
+(flat out 270-530 req/s, as the machine's other load varied), 3 x C at 0.6 x the calibrated rate kept the
+e2e test green; at about 1 x, calls of the FIFO run waited at the router's front door and were refused;
+at s = 1 (2.2 x) gold lost two thirds of its requests there."""
+GOLD_KEY, BRONZE_KEY = "gold-key", "bronze-key"
 
 
-def write_repository(root: Path) -> Path:
-    """A model repository holding only the slow `synthetic` model of this experiment."""
+@dataclass(frozen=True)
+class Calibration:
+    """The time scale s of a run and the measurement it was derived from."""
+
+    speed: RouterSpeed | None
+    """The calibration burst; None when s was given (`--scale`)."""
+    scale: float
+
+    @property
+    def base_ms(self) -> float:
+        """The synthetic model's time per forward."""
+        return BASE_MS * self.scale
+
+    @property
+    def per_item_ms(self) -> float:
+        """The synthetic model's time per row."""
+        return PER_ITEM_MS * self.scale
+
+    @property
+    def deadline_ms(self) -> float:
+        """Every request's deadline."""
+        return DEADLINE_MS * self.scale
+
+    @property
+    def capacity_rps(self) -> float:
+        """C: full batches back to back."""
+        return CAPACITY_RPS / self.scale
+
+    @property
+    def offered_rps(self) -> float:
+        """3 x C, gold and bronze together."""
+        return 3 * self.capacity_rps
+
+    @property
+    def router_cores(self) -> float | None:
+        """The router's CPU at 3 x C, in cores, were every request served at the calibration's cost (an
+        upper bound: refusals cost less)."""
+        return None if self.speed is None else self.offered_rps * self.speed.router_cpu_ms / 1000
+
+    def summary(self) -> dict[str, float | None]:
+        """The figures a report records."""
+        return {
+            "router_path_rps": None if self.speed is None else self.speed.rps,
+            "router_cpu_ms_per_request": None if self.speed is None else self.speed.router_cpu_ms,
+            "router_cores_at_3c_at_most": self.router_cores,
+            "scale": self.scale,
+            "base_ms": self.base_ms,
+            "per_item_ms": self.per_item_ms,
+            "capacity_rps": self.capacity_rps,
+            "gold_rps": self.capacity_rps / 2,
+            "bronze_rps": 2.5 * self.capacity_rps,
+            "deadline_ms": self.deadline_ms,
+        }
+
+    def describe(self) -> str:
+        """Two lines for the output: what was measured and what was derived."""
+        measured = "time scale given, not calibrated" if self.speed is None else self.speed.describe()
+        derived = (
+            f"s = {self.scale:.2f}: t(b) = {self.base_ms:.1f} ms + {self.per_item_ms:.2f} ms·b, "
+            f"C ≈ {self.capacity_rps:.0f} req/s, gold {self.capacity_rps / 2:.0f} + bronze "
+            f"{2.5 * self.capacity_rps:.0f} req/s offered, deadline {self.deadline_ms:.0f} ms"
+        )
+        if self.speed is not None and self.router_cores is not None:
+            derived += f"; 3 x C = {self.offered_rps / self.speed.rps:.0%} of the router path, "
+            derived += f"router CPU at most {self.router_cores:.0%} of a core"
+        return f"calibration: {measured}\n{derived}"
+
+
+def write_repository(root: Path, base_ms: float, per_item_ms: float) -> Path:
+    """A model repository holding only this experiment's `synthetic` model, at the given speed."""
     folder = root / "synthetic"
     (folder / "1").mkdir(parents=True, exist_ok=True)
     config = {
         "name": "synthetic",
-        "description": "simulated device: t(b) = 20 ms + 2 ms * b (sleeps), for the overload experiment",
+        "description": f"simulated device: t(b) = {base_ms:g} ms + {per_item_ms:g} ms * b (sleeps), for the "
+        "overload experiment",
         "backend": "synthetic",
         "inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}],
         "outputs": [{"name": "y", "datatype": "FP32", "dims": [16]}],
         "max_batch_size": MAX_BATCH,
         "deterministic": True,
         "batching": {"max_wait_ms": 2.0},
-        "synthetic": {"base_ms": BASE_MS, "per_item_ms": PER_ITEM_MS},
+        "synthetic": {"base_ms": base_ms, "per_item_ms": per_item_ms},
     }
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root
@@ -66,13 +157,13 @@ def write_config(path: Path, *, admission: bool) -> Path:
         "tenants": {
             "gold": {
                 **tenant,
-                "api_keys": [hash_api_key("gold-key")],
+                "api_keys": [hash_api_key(GOLD_KEY)],
                 "default_priority": 1,
                 "max_priority": 1,
             },
             "bronze": {
                 **tenant,
-                "api_keys": [hash_api_key("bronze-key")],
+                "api_keys": [hash_api_key(BRONZE_KEY)],
                 "default_priority": 3,
                 "max_priority": 3,
             },
@@ -82,13 +173,13 @@ def write_config(path: Path, *, admission: bool) -> Path:
     return path
 
 
-def scenario(target: str, duration_s: float, rate: float) -> dict[str, Any]:
-    """gold 1/6 and bronze 5/6 of `rate`."""
-    common = {"model": "synthetic", "deadline_ms": DEADLINE_MS, "rows": 1}
+def scenario(target: str, duration_s: float, calibration: Calibration) -> dict[str, Any]:
+    """3 x C: gold 1/6 of it and bronze 5/6."""
+    common = {"model": "synthetic", "deadline_ms": calibration.deadline_ms, "rows": 1}
     return {
         "target": target,
         "duration_s": duration_s,
-        "rate": rate,
+        "rate": calibration.offered_rps,
         "arrivals": {"process": "poisson"},
         "seed": 3,
         "channels": 4,
@@ -96,7 +187,7 @@ def scenario(target: str, duration_s: float, rate: float) -> dict[str, Any]:
             {
                 "name": "gold",
                 "weight": 1,
-                "tenant_key": "gold-key",
+                "tenant_key": GOLD_KEY,
                 "tenant": "gold",
                 "priority": 1,
                 **common,
@@ -104,7 +195,7 @@ def scenario(target: str, duration_s: float, rate: float) -> dict[str, Any]:
             {
                 "name": "bronze",
                 "weight": 5,
-                "tenant_key": "bronze-key",
+                "tenant_key": BRONZE_KEY,
                 "tenant": "bronze",
                 "priority": 3,
                 **common,
@@ -151,10 +242,11 @@ class Sampler:
         self._stop.set()
 
 
-def run_once(*, admission: bool, duration_s: float, workdir: Path) -> dict[str, Any]:
-    """Start a cluster, offer 3 x C for `duration_s`, and return the load report plus router figures."""
+@contextlib.contextmanager
+def running_cluster(workdir: Path, repository: Path, *, admission: bool) -> Iterator[tuple[int, int, Child]]:
+    """A started cluster with one worker serving `repository`: (client port, metrics port, router child);
+    stopped on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
-    repository = write_repository(workdir / "models")
     config = write_config(workdir / "sluice.yaml", admission=admission)
     args = argparse.Namespace(
         etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=config, workers=1,
@@ -165,23 +257,49 @@ def run_once(*, admission: bool, duration_s: float, workdir: Path) -> dict[str, 
     try:
         (workdir / "logs").mkdir(exist_ok=True)
         start_cluster(args, data_dir, workdir / "logs", children, threading.Event())
-        router = next(c for c in children if c.name == "router")
-        sampler = Sampler(args.metrics_port, router.process.pid)
+        yield args.port, args.metrics_port, next(c for c in children if c.name == "router")
+    finally:
+        stop_cluster(children)
+
+
+def calibrate(workdir: Path) -> Calibration:
+    """Measure the router path flat out on a cluster like the experiment's (admission on, gold's key)
+    whose worker answers at once, and derive the time scale s from it (see the module docstring)."""
+    repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
+    with running_cluster(workdir, repository, admission=True) as (port, _, router):
+        speed = asyncio.run(
+            measure_router(
+                f"127.0.0.1:{port}",
+                one_row_request("synthetic"),
+                router_pid=router.process.pid,
+                metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
+            )
+        )
+    return Calibration(speed, scale_for(3 * CAPACITY_RPS, speed.rps, HEADROOM))
+
+
+def run_once(
+    *, admission: bool, duration_s: float, workdir: Path, calibration: Calibration
+) -> dict[str, Any]:
+    """Start a cluster, offer 3 x C for `duration_s`, and return the load report plus router figures."""
+    repository = write_repository(workdir / "models", calibration.base_ms, calibration.per_item_ms)
+    with running_cluster(workdir, repository, admission=admission) as (port, metrics_port, router):
+        sampler = Sampler(metrics_port, router.process.pid)
         rss_before = sampler.rss()
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
-        rate = 3 * CAPACITY_RPS
-        load = parse_scenario(scenario(f"127.0.0.1:{args.port}", duration_s, rate))
+        load = parse_scenario(scenario(f"127.0.0.1:{port}", duration_s, calibration))
         report = asyncio.run(run_scenario(load))
         finished = time.monotonic()
-        while sampler.lane_depth() and time.monotonic() - finished < DEADLINE_MS / 1000:
+        while sampler.lane_depth() and time.monotonic() - finished < calibration.deadline_ms / 1000:
             time.sleep(0.02)
         drained_s = time.monotonic() - finished
         sampler.stop()
         thread.join()
         report["router"] = {
             "admission": admission,
-            "capacity_rps": CAPACITY_RPS,
+            "calibration": calibration.summary(),
+            "capacity_rps": calibration.capacity_rps,
             "lane_bound": LANE_BOUND if admission else None,
             "max_lane_depth": sampler.max_lane_depth,
             "queues_empty_after_s": drained_s,
@@ -191,8 +309,6 @@ def run_once(*, admission: bool, duration_s: float, workdir: Path) -> dict[str, 
             "rss_mb_after": sampler.rss(),
         }
         return report
-    finally:
-        stop_cluster(children)
 
 
 def _class(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -229,17 +345,31 @@ def comparison_table(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run with and without admission and print the comparison."""
+    """Calibrate, run with and without admission, and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per run (default 20)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        help="time scale s >= 1 to use instead of calibrating it (1: the documented run)",
+    )
     parser.add_argument("--json", type=Path, help="write both reports here")
     args = parser.parse_args(argv)
+    if args.scale is not None and args.scale < 1:
+        parser.error("--scale must be at least 1")
     workdir = Path(tempfile.mkdtemp(prefix="sluice-overload-"))
+    calibration = calibrate(workdir / "calibration") if args.scale is None else Calibration(None, args.scale)
+    print(calibration.describe(), flush=True)
     runs = {
-        "admission": run_once(admission=True, duration_s=args.duration, workdir=workdir / "on"),
-        "plain FIFO": run_once(admission=False, duration_s=args.duration, workdir=workdir / "off"),
+        "admission": run_once(
+            admission=True, duration_s=args.duration, workdir=workdir / "on", calibration=calibration
+        ),
+        "plain FIFO": run_once(
+            admission=False, duration_s=args.duration, workdir=workdir / "off", calibration=calibration
+        ),
     }
-    print(f"capacity C ≈ {CAPACITY_RPS:.0f} req/s; offered 3 x C for {args.duration:g} s each\n")
+    print(f"\n{calibration.describe()}")
+    print(f"offered 3 x C for {args.duration:g} s each\n")
     print(comparison_table(runs))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))

@@ -1,8 +1,15 @@
 """Overload on a real local cluster: 3 x capacity for 20 s, with admission and as a plain FIFO baseline.
 
-Gold (priority 1) offers 0.5 x C and bronze (priority 3) 2.5 x C, every request with a 500 ms deadline
-(bench/overload.py). With admission, gold keeps its goodput, bronze gets what capacity is left and every
-other bronze request is told so early with a retryable status and a hint; without it, both collapse.
+Gold (priority 1) offers 0.5 x C and bronze (priority 3) 2.5 x C, every request with a deadline of about
+14 full batches' time (bench/overload.py). With admission, gold keeps its goodput, bronze gets what
+capacity is left and every other bronze request is told so early with a retryable status and a hint;
+without it, both collapse.
+
+The regime is worker-bound: the worker is what 3 x C exhausts, the router keeps headroom. Rates are not
+fixed in req/s but derived at the start from a measurement on this machine (the `calibration` fixture:
+the router path driven flat out, bench/calibration.py): C, the model's speed and the deadline follow from
+the time scale s that keeps 3 x C within `HEADROOM` of it (s = 1 on a fast enough machine: C ≈ 222 req/s,
+500 ms). The calibration is printed (pytest -s) and recorded in each report under router.calibration.
 """
 
 from __future__ import annotations
@@ -11,10 +18,14 @@ from typing import Any
 
 import pytest
 
-from bench.overload import DEADLINE_MS, LANE_BOUND, comparison_table, run_once
+from bench.overload import LANE_BOUND, Calibration, calibrate, comparison_table, run_once
 
 pytestmark = pytest.mark.e2e
 
+DURATION_S = 20
+OFFERED_SHARE = 0.85
+"""Share of its expected count (rate x duration) a class must have been offered: the class of each arrival
+is drawn at random, so its count varies by a few percent."""
 RSS_GROWTH_BOUND_MB = 64
 """Stated bound on the router's resident-memory growth over a 20 s overload (measured: ~10 MB)."""
 CLIENT_SIDE_EXPIRY_TOLERANCE = 0.001
@@ -31,18 +42,27 @@ def _class(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def admitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_once(admission=True, duration_s=20, workdir=tmp_path_factory.mktemp("overload-on"))
+def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+    measured = calibrate(tmp_path_factory.mktemp("overload-calibration"))
+    print(measured.describe())
+    return measured
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_once(admission=False, duration_s=20, workdir=tmp_path_factory.mktemp("overload-off"))
+def admitted(tmp_path_factory: pytest.TempPathFactory, calibration: Calibration) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp("overload-on")
+    return run_once(admission=True, duration_s=DURATION_S, workdir=workdir, calibration=calibration)
 
 
-def test_gold_keeps_its_goodput(admitted: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory, calibration: Calibration) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp("overload-off")
+    return run_once(admission=False, duration_s=DURATION_S, workdir=workdir, calibration=calibration)
+
+
+def test_gold_keeps_its_goodput(admitted: dict[str, Any], calibration: Calibration) -> None:
     gold = _class(admitted, "gold")
-    assert gold["offered"] > 1500
+    assert gold["offered"] >= OFFERED_SHARE * calibration.capacity_rps / 2 * DURATION_S, gold
     assert gold["good"] / gold["offered"] >= 0.99, gold
 
 
@@ -68,11 +88,13 @@ def test_ok_answers_arrive_within_their_deadline_up_to_the_client_side_tolerance
         assert c["late_ok"] <= CLIENT_SIDE_EXPIRY_TOLERANCE * c["offered"], c
 
 
-def test_queues_stay_bounded_memory_stays_flat_and_queues_drain(admitted: dict[str, Any]) -> None:
+def test_queues_stay_bounded_memory_stays_flat_and_queues_drain(
+    admitted: dict[str, Any], calibration: Calibration
+) -> None:
     router = admitted["router"]
     assert router["max_lane_depth"] <= LANE_BOUND
     assert router["rss_mb_peak"] - router["rss_mb_before"] <= RSS_GROWTH_BOUND_MB
-    assert router["queues_empty"] and router["queues_empty_after_s"] <= DEADLINE_MS / 1000
+    assert router["queues_empty"] and router["queues_empty_after_s"] <= calibration.deadline_ms / 1000
 
 
 def test_without_admission_the_same_load_collapses(
