@@ -78,8 +78,8 @@ def _answer(reply: worker_pb2.IdentityProof) -> Answer:
 
 class ClusterClient:
     """The calling end (a router, or the CLI): how to dial a worker and prove who calls, only once the
-    worker proved it is the one its record claims. PEM files are read once, here; the token's key is
-    derived on first use."""
+    worker proved it is the one its record claims. PEM files are read and the token's key derived once,
+    here."""
 
     def __init__(self, settings: ClusterSettings, caller: Callable[[], str] = lambda: ADMIN_CALLER) -> None:
         self._credentials: grpc.ChannelCredentials | None = None
@@ -91,7 +91,8 @@ class ClusterClient:
                 section="cluster",
             )
         self._caller = caller
-        self._token = settings.token_value()
+        token = settings.token_value()
+        self._key = None if token is None else derive_key(token)  # ~60 ms once, not on the event loop later
         self.max_message_bytes = settings.max_message_bytes
         """The message limit both ends of the hop agree on."""
 
@@ -113,11 +114,11 @@ class ClusterClient:
         """The metadata for one call of `method` on `worker_id` (one stream, or one admin call), after the
         worker proved it holds the token and is that worker; IdentityNotProven (nothing was sent but our
         nonce) or a gRPC error otherwise. Under mTLS alone the TLS handshake has proved it: no metadata."""
-        if self._token is None:
+        key = self._key
+        if key is None:
             return ()
         caller, identity = self._caller(), worker_identity(worker_id)
         nonce, reply = await challenge(channel, caller)
-        key = derive_key(self._token)
         answer = _answer(reply)
         check_answer(key, caller=caller, expected=identity, caller_nonce=nonce, answer=answer)
         proof = caller_proof(
