@@ -2,7 +2,10 @@
 every 40 (what a saturated CPU does to it) while waves of 200 calls arrive, so calls pile up in gRPC's queue
 before the router's code. Part of the new requests are then refused UNAVAILABLE `router_overloaded` with a
 retry hint, the admitted ones are served, and once calls reach the router promptly again everything is
-admitted."""
+admitted.
+
+The regime is router-bound by construction: the held loop, not the machine's speed, makes the overload,
+and the waves are sent until the door has refused enough, so a slower core only gets there sooner."""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """The load generator against a real in-process gRPC sink: every scheduled request is sent once and
-accounted for once, at the offered rate; the CLI writes its JSON report; the ceiling ramp runs."""
+accounted for once, at the offered rate; the CLI writes its JSON report; the ceiling ramp runs.
+
+The rate asserted (200 req/s within 5 %) is far below the generator's ceiling (2,000-7,000 req/s against
+a sink in its own process here, docs/loadgen.md; the sink in this process takes a share of that), so it
+holds on a slower core too (checked with the CPU limited to 0.8 of a core, tests/slow_machine.sh); the
+ceiling smoke test asserts no figure that depends on speed."""
 
 from __future__ import annotations
 
