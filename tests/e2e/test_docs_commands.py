@@ -92,9 +92,6 @@ LONG_RUNNING = {"up", "router", "worker"}
 
 # Not run here, and why (keys: the command as written in the docs).
 SKIPPED = {
-    'sluice --config /etc/sluice/sluice.yaml drain "$POD_NAME" --wait 30': (
-        "the worker pod's preStop hook (kubernetes.md): the pod's config file and name"
-    ),
     "sluice infer --tls --ca DIR/ca.pem --model mlp --random": (
         "needs `sluice up --tls`; tests/e2e/test_tls_cluster.py runs it"
     ),

@@ -24,8 +24,6 @@ from common.dev_certs import (
     write_dev_certs,
 )
 
-NOW = datetime.datetime.now(datetime.UTC)
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -53,21 +51,24 @@ def test_ids_no_certificate_can_name_are_refused(bad: str) -> None:
 
 
 def test_a_router_certificate_signature_proves_the_router_role(certs: Path, tmp_path: Path) -> None:
+    # Read when the test runs, not at import: the certificates are valid from 5 minutes before they are
+    # made, and a full suite collects this module long before it runs it.
+    now = datetime.datetime.now(datetime.UTC)
     ca = (certs / "ca.pem").read_bytes()
     transcript = b"a challenge's server transcript"
     router = CertificateSigner(certs / "router-client.pem", certs / "router-client-key.pem")
-    check_router_certificate(router.certificate, router.sign(transcript), transcript, ca, NOW)
+    check_router_certificate(router.certificate, router.sign(transcript), transcript, ca, now)
     with pytest.raises(IdentityNotProven, match="signature"):
-        check_router_certificate(router.certificate, router.sign(b"another"), transcript, ca, NOW)
+        check_router_certificate(router.certificate, router.sign(b"another"), transcript, ca, now)
     admin = CertificateSigner(certs / "admin-client.pem", certs / "admin-client-key.pem")
     with pytest.raises(IdentityNotProven, match="not a router's"):
-        check_router_certificate(admin.certificate, admin.sign(transcript), transcript, ca, NOW)
+        check_router_certificate(admin.certificate, admin.sign(transcript), transcript, ca, now)
     worker = CertificateSigner(*worker_certificate_paths(certs, "w-3"))
     with pytest.raises(IdentityNotProven, match="not one of this cluster's"):  # a server certificate
-        check_router_certificate(worker.certificate, worker.sign(transcript), transcript, ca, NOW)
+        check_router_certificate(worker.certificate, worker.sign(transcript), transcript, ca, now)
     write_dev_certs(tmp_path)
     stranger = CertificateSigner(tmp_path / "router-client.pem", tmp_path / "router-client-key.pem")
     with pytest.raises(IdentityNotProven, match="not one of this cluster's"):
-        check_router_certificate(stranger.certificate, stranger.sign(transcript), transcript, ca, NOW)
+        check_router_certificate(stranger.certificate, stranger.sign(transcript), transcript, ca, now)
     with pytest.raises(IdentityNotProven, match="no router certificate"):
-        check_router_certificate(b"", b"", transcript, ca, NOW)
+        check_router_certificate(b"", b"", transcript, ca, now)
