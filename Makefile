@@ -33,7 +33,7 @@ install: $(STAMP) ## create .venv/ with every extra (torch, onnxruntime, dev too
 
 protos: $(STAMP) ## regenerate the Python stubs in common/pb/ from protos/
 	@echo "==> generating gRPC/protobuf stubs from protos/ into common/pb/"
-	@$(PY) -m common.protogen
+	@$(PY) -m sluice_inference.common.protogen
 
 $(MODELS)/.generated: $(STAMP)
 	@echo "==> generating the demo model repository in $(MODELS)/ (fixed seeds, nothing downloaded)"
@@ -50,7 +50,7 @@ lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@echo "==> mypy"
-	@$(VENV)/bin/mypy common router worker cli bench tests
+	@$(VENV)/bin/mypy sluice_inference tests
 
 test: $(STAMP) lint ## lint, then the unit, integration and e2e tests (starts its own etcd/workers on free ports)
 	@echo "==> pytest (unit, integration, e2e)"
@@ -58,7 +58,7 @@ test: $(STAMP) lint ## lint, then the unit, integration and e2e tests (starts it
 
 bench: $(STAMP) $(MODELS)/.generated ## measure the router hop, saturation throughput and time-to-ready
 	@mkdir -p bench/results
-	@$(PY) -m bench.spine --repository $(MODELS) --json bench/results/spine.json
+	@$(PY) -m sluice_inference.bench.spine --repository $(MODELS) --json bench/results/spine.json
 
 clean: ## remove the virtualenv, generated models and caches
 	rm -rf $(VENV) $(MODELS) .pytest_cache .mypy_cache .ruff_cache *.egg-info

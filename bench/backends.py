@@ -1,15 +1,15 @@
 """ONNX Runtime vs TorchScript (and torch.export) on the demo MLP: forward time and samples/s per batch size.
 
-    python -m bench.backends [--batches 1,32] [--seconds 2] [--threads 1]
+    python -m sluice_inference.bench.backends [--batches 1,32] [--seconds 2] [--threads 1]
 
-Each backend is loaded by the worker's own code (`worker.backends.load_backend`) from a temporary Triton
-repository holding the demo MLP's weights in three formats: TorchScript (traced, `pytorch_libtorch`),
-ONNX (`onnxruntime_onnx`, the graph `sluice models init` writes) and torch.export (the demo's `.pt2`).
-Then, per batch size, every backend runs the same random batch, round after round in turn (so a
-background disturbance hits them all alike), for `--seconds` in all; the figure is the median forward
-time over its rounds, and samples/s = batch / median. The executor's own work (validation, stacking,
-copies) is the same for every backend and left out. Real measurements of real models on this machine's
-CPU, under the worker's thread setting (1 intra-op thread by default).
+Each backend is loaded by the worker's own code (`sluice_inference.worker.backends.load_backend`) from a
+temporary Triton repository holding the demo MLP's weights in three formats: TorchScript
+(traced, `pytorch_libtorch`), ONNX (`onnxruntime_onnx`, the graph `sluice models init` writes) and
+torch.export (the demo's `.pt2`). Then, per batch size, every backend runs the same random batch, round after
+round in turn (so a background disturbance hits them all alike), for `--seconds` in all; the figure is the
+median forward time over its rounds, and samples/s = batch / median. The executor's own work
+(validation, stacking, copies) is the same for every backend and left out. Real measurements of real models on
+this machine's CPU, under the worker's thread setting (1 intra-op thread by default).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker.backends import Backend, load_backend
-from worker.demo_models import build_mlp, export_mlp
-from worker.demo_onnx import mlp_onnx_bytes
-from worker.repository import scan_repository
+from sluice_inference.worker.backends import Backend, load_backend
+from sluice_inference.worker.demo_models import build_mlp, export_mlp
+from sluice_inference.worker.demo_onnx import mlp_onnx_bytes
+from sluice_inference.worker.repository import scan_repository
 
 MAX_BATCH = 64
 _CONFIG = """

@@ -4,7 +4,7 @@
    over 2,000 distinct inputs), open loop, cache on — and the same load with `parameters["cache"]=false`;
 2. the Redis round trip: `ResultCacheStore.get` served from the router's memory vs from Redis alone.
 
-    python -m bench.cache_figures [--rate 600] [--duration 20] [--json out.json]
+    python -m sluice_inference.bench.cache_figures [--rate 600] [--duration 20] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
-from common.local_cluster import Child, free_port, start_cluster, stop_cluster
-from router.policy.sealing import SealKeys
-from router.stores.cache_store import ResultCacheStore
-from router.stores.redis_conn import RedisOptions, open_redis
-from worker.demo_models import init_demo_repository
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
+from sluice_inference.worker.demo_models import init_demo_repository
 
 
 def scenario(target: str, rate: float, duration_s: float, *, cache: bool) -> dict[str, Any]:

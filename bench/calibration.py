@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 Metadata = tuple[tuple[str, str], ...]

@@ -14,7 +14,7 @@ The rule, walking the stack from the leaf towards the root:
 With the process's CPU seconds and the requests it served over the same window, each stage's share
 becomes CPU per request:
 
-    python -m bench.cpu_breakdown router.raw worker.raw --cpu-s 12.1 8.4 --requests 8000
+    python -m sluice_inference.bench.cpu_breakdown router.raw worker.raw --cpu-s 12.1 8.4 --requests 8000
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ figure. `--hog-ms` makes every turn of the aio server's event loop also spend th
 (what other work in the router's loop does to the calls): it shows how the rate a grpc.aio server takes
 calls in falls with the length of its loop turns.
 
-    python -m bench.grpc_floor --mode aio-ok --rate 1500 --seconds 6
-    python -m bench.grpc_floor --mode aio-ok --rate 800 --seconds 5 --hog-ms 0.2
+    python -m sluice_inference.bench.grpc_floor --mode aio-ok --rate 1500 --seconds 6
+    python -m sluice_inference.bench.grpc_floor --mode aio-ok --rate 800 --seconds 5 --hog-ms 0.2
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def main() -> None:
         return
     port = _free_port()
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench.grpc_floor", "--mode", args.mode, "--hog-ms", str(args.hog_ms),
-         "--server-core", str(args.server_core), "--serve-port", str(port)]
+        [sys.executable, "-m", "sluice_inference.bench.grpc_floor", "--mode", args.mode, "--hog-ms",
+         str(args.hog_ms), "--server-core", str(args.server_core), "--serve-port", str(port)]
     )  # fmt: skip
     try:
         os.sched_setaffinity(0, {args.client_core})

@@ -5,7 +5,7 @@ it settle, then reads each process's CPU time from /proc over `--seconds` and pr
 core. The goal (issue 17): router + one worker + etcd ≤ 2 % of a core, nothing polling faster than its
 purpose needs.
 
-    python -m bench.idle_cpu [--seconds 20] [--workers 1] [--repository models]
+    python -m sluice_inference.bench.idle_cpu [--seconds 20] [--workers 1] [--repository models]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from common.local_cluster import Child, free_port, start_cluster, stop_cluster
-from worker.demo_models import init_demo_repository
+from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.worker.demo_models import init_demo_repository
 
 SETTLE_S = 5.0
 """Start-up work (warm-up, first registrations, first watches) is over by then."""

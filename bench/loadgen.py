@@ -1,8 +1,8 @@
 """The open-loop load generator behind `sluice bench SCENARIO.yaml` (docs/loadgen.md).
 
 Rules:
-1. Arrivals follow a schedule fixed before the run (`bench.loadgen_schedule`). The scheduler starts each
-   request as its own task and never awaits it, so a slow answer cannot delay a later arrival (no
+1. Arrivals follow a schedule fixed before the run (`sluice_inference.bench.loadgen_schedule`). The scheduler
+   starts each request as its own task and never awaits it, so a slow answer cannot delay a later arrival (no
    coordinated omission); how late each send was against its schedule is measured (the send lag).
 2. Every scheduled request ends in exactly one `RequestRecord`: OK, the gRPC status it got, or
    CLIENT_ERROR if the generator itself could not send it.
@@ -25,14 +25,14 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from bench.loadgen_scenario import Scenario, TrafficClass
-from bench.loadgen_schedule import Schedule, build_schedule, random_streams
-from bench.loadgen_stats import ClassLabel, RequestRecord, summarize
-from common.client import channel_options
-from common.grpc_errors import PUSHBACK_KEY, REASON_KEY, from_rpc_error
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.tensors import dtype_of
+from sluice_inference.bench.loadgen_scenario import Scenario, TrafficClass
+from sluice_inference.bench.loadgen_schedule import Schedule, build_schedule, random_streams
+from sluice_inference.bench.loadgen_stats import ClassLabel, RequestRecord, summarize
+from sluice_inference.common.client import channel_options
+from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY, from_rpc_error
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.tensors import dtype_of
 
 EXIT_CONNECTION, EXIT_RPC = 2, 3
 LEAD_S = 0.05
@@ -241,7 +241,8 @@ def labels(scenario: Scenario) -> list[ClassLabel]:
 
 
 async def run_scenario(scenario: Scenario, *, connect_timeout_s: float = 10.0) -> dict[str, Any]:
-    """Run a scenario against its target and return the report (`bench.loadgen_stats.summarize` + context)."""
+    """Run a scenario against its target and return the report
+    (`sluice_inference.bench.loadgen_stats.summarize` + context)."""
     channels = await open_channels(scenario.target, scenario.channels, connect_timeout_s)
     try:
         stubs = [kserve_grpc.GRPCInferenceServiceStub(c) for c in channels]

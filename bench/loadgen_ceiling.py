@@ -1,10 +1,10 @@
 """`sluice bench --ceiling`: how fast this generator can send, measured against a sink that answers at once.
 
-A sink server (`bench.loadgen_sink`, in a subprocess by default so it does not share the generator's
-interpreter and core) answers every ModelInfer with a canned response. The generator runs one Poisson step
-per rate (default 500, 1000, 2000, 4000, 8000 req/s, 3 s each) and records the rate it actually sent at and
-its p99 send lag. A step passes when it sent within 5% of the asked rate with p99 lag under 5 ms; the
-ceiling is the highest passing rate. The ramp stops at the first failing step (higher rates fail too).
+A sink server (`sluice_inference.bench.loadgen_sink`, in a subprocess by default so it does not share the
+generator's interpreter and core) answers every ModelInfer with a canned response. The generator runs one
+Poisson step per rate (default 500, 1000, 2000, 4000, 8000 req/s, 3 s each) and records the rate it actually
+sent at and its p99 send lag. A step passes when it sent within 5% of the asked rate with p99 lag under 5 ms;
+the ceiling is the highest passing rate. The ramp stops at the first failing step (higher rates fail too).
 Below the ceiling, a scenario's figures describe the server; above it, the generator.
 """
 
@@ -16,9 +16,9 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import Scenario, TrafficClass
-from bench.loadgen_sink import SinkServer
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import Scenario, TrafficClass
+from sluice_inference.bench.loadgen_sink import SinkServer
 
 DEFAULT_STEPS = (500, 1000, 2000, 4000, 8000)
 RATE_TOLERANCE = 0.05
@@ -36,7 +36,12 @@ async def sink(in_process: bool) -> AsyncIterator[str]:
             await server.stop(0)
         return
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.loadgen_sink", "--port", "0", stdout=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "sluice_inference.bench.loadgen_sink",
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
     )
     try:
         assert process.stdout is not None

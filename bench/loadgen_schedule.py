@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from bench.loadgen_scenario import Arrivals, Scenario
+from sluice_inference.bench.loadgen_scenario import Arrivals, Scenario
 
 STREAMS = 4
 """Random streams spawned from the seed: times, classes, variants, payload data (used by the runner)."""

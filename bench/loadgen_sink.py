@@ -6,8 +6,8 @@ output `y` FP32 [-1, 16]; requests are not validated and no work is done, so wha
 measures is the generator and the gRPC stack. `reject_every=k` answers every k-th request with a retryable
 UNAVAILABLE (reason `queue_full`, hint 50 ms) instead, to exercise rejection accounting.
 
-Run it alone with `python -m bench.loadgen_sink [--port N]`; it prints `listening on HOST:PORT` once bound
-and serves until SIGINT or SIGTERM.
+Run it alone with `python -m sluice_inference.bench.loadgen_sink [--port N]`; it prints
+`listening on HOST:PORT` once bound and serves until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, TypeAlias
 import grpc
 import numpy as np
 
-from common.errors import Unavailable
-from common.grpc_errors import abort
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.errors import Unavailable
+from sluice_inference.common.grpc_errors import abort
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -141,7 +141,7 @@ async def _serve(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.loadgen_sink`: serve until SIGINT/SIGTERM."""
+    """`python -m sluice_inference.bench.loadgen_sink`: serve until SIGINT/SIGTERM."""
     parser = argparse.ArgumentParser(description="A KServe v2 sink server that answers at once.")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")

@@ -7,7 +7,7 @@ three routers blind to each other (as before 2026-11-30) — and prints p99, ans
 the mean batch a router sent, the mean forward a worker ran (batches of one lane waiting from several
 routers merge) and the deepest queue a worker held.
 
-    python -m bench.multi_router [--duration 20] [--load 0.8] [--json out.json]
+    python -m sluice_inference.bench.multi_router [--duration 20] [--load 0.8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run
-from bench.sim.results import format_table
-from bench.sim.scenario import parse_sim_scenario
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.results import format_table
+from sluice_inference.bench.sim.scenario import parse_sim_scenario
 
 SCENARIO = Path(__file__).parent / "scenarios" / "sim_multi_router.yaml"
 VARIANTS = {

@@ -14,7 +14,8 @@ and s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the ra
 runs the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads
 relative to C.
 
-    python -m bench.overload [--duration 20] [--scale S] [--json out.json]   # calibrate, both runs, compare
+    # calibrate, both runs, compare
+    python -m sluice_inference.bench.overload [--duration 20] [--scale S] [--json out.json]
 
 The e2e test tests/e2e/test_overload.py runs the same code and asserts the promises.
 """
@@ -38,11 +39,11 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.calibration import RouterSpeed, measure_router, one_row_request, scale_for
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
-from common.local_cluster import Child, free_port, start_cluster, stop_cluster
-from router.policy.tenants import hash_api_key
+from sluice_inference.bench.calibration import RouterSpeed, measure_router, one_row_request, scale_for
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.router.policy.tenants import hash_api_key
 
 BASE_MS, PER_ITEM_MS, MAX_BATCH = 20.0, 2.0, 8
 """t(b) at s = 1."""

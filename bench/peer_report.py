@@ -6,7 +6,7 @@ markdown table per system, then, for the goals of issue 11, each system's satura
 at least 99 % within the SLO) with its CPU per request, its peak goodput, and its goodput at 2x and 4x the
 saturation rate (the nearest measured rates), and draws goodput and p99 against the offered rate (`--plot`).
 
-    python -m bench.peer_report /tmp/sitting --plot docs/figures/peers.png
+    python -m sluice_inference.bench.peer_report /tmp/sitting --plot docs/figures/peers.png
 """
 
 from __future__ import annotations

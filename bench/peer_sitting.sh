@@ -3,7 +3,7 @@
 # through the shared harness (../shared/peers: each server pinned to core 0, the load generator to core 1),
 # every rate a fresh start (the harness's sweep stops at the first saturated rate; the overload curves need
 # the points past it), with the harness's 2 s client timeout and with the 50 ms SLO sent as the deadline.
-#   bench/peer_sitting.sh OUT_DIR          then: python -m bench.peer_report OUT_DIR --plot docs/figures/peers.png
+#   bench/peer_sitting.sh OUT_DIR          then: python -m sluice_inference.bench.peer_report OUT_DIR --plot docs/figures/peers.png
 # env: SLUICE_RATES, TRITON_RATES, ECHO_RATES, TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
 #      SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
 #      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset)

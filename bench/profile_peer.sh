@@ -29,7 +29,7 @@ loadgen $target --ready-only --ready-timeout 300 >/dev/null
 # the peer's own router and worker (other clusters may run on this machine)
 pid_of() {
   for pid in $(sesspids "$lead"); do
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-m cli .*$1"; then echo "$pid"; return; fi
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "-m (sluice_inference\.)?cli .*$1"; then echo "$pid"; return; fi
   done
 }
 router=$(pid_of "router --listen")
@@ -60,5 +60,5 @@ router_s=$(python3 -c "print(($r1 - $r0) / $tck)")
 worker_s=$(python3 -c "print(($w1 - $w0) / $tck)")
 requests=$(python3 -c "print(round($rate * $seconds))")
 echo "rate $rate req/s for ${seconds}s: router ${router_s} CPU-s, worker ${worker_s} CPU-s; load: $(cat "$out/load.json")"
-"$project/.venv/bin/python" -m bench.cpu_breakdown "$out/router.raw" "$out/worker.raw" \
+"$project/.venv/bin/python" -m sluice_inference.bench.cpu_breakdown "$out/router.raw" "$out/worker.raw" \
   --cpu-s "$router_s" "$worker_s" --requests "$requests"

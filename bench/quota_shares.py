@@ -5,7 +5,7 @@ few, on all, or under their limit) twice on the same arrivals — shares followi
 (`admission.quota_shares: demand`) and the equal split 1/N — and prints, per tenant, its limit, the rate
 it offered and the rate admitted (not refused by a quota), over the whole run, cold start included.
 
-    python -m bench.quota_shares [--duration 20] [--routers 20] [--json out.json]
+    python -m sluice_inference.bench.quota_shares [--duration 20] [--routers 20] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run
-from bench.sim.results import format_table
-from bench.sim.scenario import parse_sim_scenario
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.results import format_table
+from sluice_inference.bench.sim.scenario import parse_sim_scenario
 
 SCENARIO = Path(__file__).parent / "scenarios" / "sim_quota_shares.yaml"
 MODES = ("demand", "equal")

@@ -7,7 +7,8 @@
 3. time from `make run` to "Sluice is up" on a warm machine (venv and models already there).
 
 Everything runs on this machine, so the load generator competes with the cluster for the same cores:
-compare figures from one run, not across machines.  Usage: python -m bench.spine [--json out.json]
+compare figures from one run, not across machines.  Usage: python -m sluice_inference.bench.spine
+[--json out.json]
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import numpy as np
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 

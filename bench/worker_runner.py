@@ -12,8 +12,9 @@ subclass that only counts them.
 Models: `synthetic` (SIMULATED latency t(b) = a + c·b, `--profile a,c` in ms; `--profile 0,0` leaves only
 the runner's own overhead) or the demo `mlp` (a real 256-1024-1024-10 forward, one torch thread).
 
-    python -m bench.worker_runner --model synthetic --streams 3 --in-flight 2 --rows 8 --capacity 4
-    python -m bench.worker_runner --model mlp --streams 1 --in-flight 2 --rows 8 --duration 5
+    python -m sluice_inference.bench.worker_runner --model synthetic --streams 3 --in-flight 2 --rows 8 \
+        --capacity 4
+    python -m sluice_inference.bench.worker_runner --model mlp --streams 1 --in-flight 2 --rows 8 --duration 5
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from common.pb.sluice.v1 import worker_pb2
-from common.tensors import to_wire
-from worker.backends.synthetic import SyntheticBackend
-from worker.demo_models import init_demo_repository
-from worker.executor import Executor, LoadedModel
-from worker.metrics import WorkerMetrics
-from worker.model_config import ModelConfig
-from worker.repository import ModelVersionSpec, scan_repository
-from worker.runner import BatchRunner, StreamState
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.tensors import to_wire
+from sluice_inference.worker.backends.synthetic import SyntheticBackend
+from sluice_inference.worker.demo_models import init_demo_repository
+from sluice_inference.worker.executor import Executor, LoadedModel
+from sluice_inference.worker.metrics import WorkerMetrics
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.repository import ModelVersionSpec, scan_repository
+from sluice_inference.worker.runner import BatchRunner, StreamState
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

@@ -1,7 +1,7 @@
-"""`python -m cli` runs the `sluice` command (used by `sluice up` to start its children)."""
+"""`python -m sluice_inference.cli` runs the `sluice` command (used by `sluice up` to start its children)."""
 
 import sys
 
-from cli.main import main
+from sluice_inference.cli.main import main
 
 sys.exit(main())

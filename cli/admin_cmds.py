@@ -12,14 +12,21 @@ from typing import TypeVar
 
 import grpc
 
-from cli.connect import add_connection_flags, aio_channel, channel, metadata
-from cli.parsing import ADMIN_KEY, FROM_CONFIG, SubcommandParser, add_command, add_etcd_flags, subcommands
-from common.cluster_auth import prove_router
-from common.cluster_proof import IdentityNotProven
-from common.config import SluiceConfig
-from common.etcd import ROUTERS, EtcdUnavailable, open_client
-from common.etcd_watch import decode_json_value
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from sluice_inference.cli.connect import add_connection_flags, aio_channel, channel, metadata
+from sluice_inference.cli.parsing import (
+    ADMIN_KEY,
+    FROM_CONFIG,
+    SubcommandParser,
+    add_command,
+    add_etcd_flags,
+    subcommands,
+)
+from sluice_inference.common.cluster_auth import prove_router
+from sluice_inference.common.cluster_proof import IdentityNotProven
+from sluice_inference.common.config import SluiceConfig
+from sluice_inference.common.etcd import ROUTERS, EtcdUnavailable, open_client
+from sluice_inference.common.etcd_watch import decode_json_value
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
 
 T = TypeVar("T")
 EXIT_OK, EXIT_BAD_ARGS, EXIT_CONNECTION, EXIT_RPC = 0, 1, 2, 3

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.parsing import add_command
+from sluice_inference.cli.parsing import add_command
 
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
@@ -71,7 +71,7 @@ def _write_json(path: Path | None, report: dict[str, Any]) -> None:
 
 
 def _ceiling(args: argparse.Namespace) -> int:
-    from bench.loadgen_ceiling import DEFAULT_STEPS, format_ceiling, measure_ceiling
+    from sluice_inference.bench.loadgen_ceiling import DEFAULT_STEPS, format_ceiling, measure_ceiling
 
     report = asyncio.run(
         measure_ceiling(
@@ -87,9 +87,9 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run `sluice bench` with parsed arguments; returns the exit code."""
     if args.ceiling:
         return _ceiling(args)
-    from bench.loadgen import LoadgenError, run_scenario
-    from bench.loadgen_scenario import ScenarioError, load_scenario
-    from bench.loadgen_stats import format_report
+    from sluice_inference.bench.loadgen import LoadgenError, run_scenario
+    from sluice_inference.bench.loadgen_scenario import ScenarioError, load_scenario
+    from sluice_inference.bench.loadgen_stats import format_report
 
     if args.scenario is None:
         print("sluice bench: error: give a SCENARIO.yaml (or --ceiling)", file=sys.stderr)

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from common.config import ConfigError
-from common.local_cluster import (
+from sluice_inference.common.config import ConfigError
+from sluice_inference.common.local_cluster import (
     Child,
     ClusterEnv,
     Interrupted,

@@ -14,16 +14,16 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
-from cli.connect import channel, metadata
-from common.cluster_auth import DRAIN_METHOD, ClusterClient
-from common.cluster_proof import IdentityNotProven
-from common.config import SluiceConfig
-from common.etcd import WORKERS, EtcdUnavailable, open_client
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
-from common.records import WorkerRecord
-from common.tensors import dtype_of
+from sluice_inference.cli.connect import channel, metadata
+from sluice_inference.common.cluster_auth import DRAIN_METHOD, ClusterClient
+from sluice_inference.common.cluster_proof import IdentityNotProven
+from sluice_inference.common.config import SluiceConfig
+from sluice_inference.common.etcd import WORKERS, EtcdUnavailable, open_client
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from sluice_inference.common.records import WorkerRecord
+from sluice_inference.common.tensors import dtype_of
 
 EXIT_OK, EXIT_CONNECTION, EXIT_RPC, EXIT_NOT_SERVING = 0, 2, 3, 4
 
@@ -216,7 +216,7 @@ async def drain(config: SluiceConfig, worker_id: str, wait_s: float) -> int:
 
 def hash_key(key: str) -> int:
     """Print the stored form of an API key."""
-    from router.policy.tenants import hash_api_key
+    from sluice_inference.router.policy.tenants import hash_api_key
 
     if not key:
         print("error: empty key", file=sys.stderr)
@@ -228,7 +228,7 @@ def hash_key(key: str) -> int:
 def certs_dev(directory: Path, worker_ids: tuple[str, ...] = ()) -> int:
     """Write the development CA and certificates (common/dev_certs.py); with `worker_ids` and a CA already
     in `directory`, only those workers' certificates, from that CA."""
-    from common.dev_certs import issue_worker_certificate, write_dev_certs
+    from sluice_inference.common.dev_certs import issue_worker_certificate, write_dev_certs
 
     try:
         if worker_ids and (directory / "ca-key.pem").exists():
@@ -248,7 +248,7 @@ def certs_dev(directory: Path, worker_ids: tuple[str, ...] = ()) -> int:
 
 def models_init(repository: Path) -> int:
     """Write the demo model repository."""
-    from worker.demo_models import init_demo_repository
+    from sluice_inference.worker.demo_models import init_demo_repository
 
     written = init_demo_repository(repository)
     for path in written:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from common.client import DEFAULT_CHANNEL_OPTIONS
-from common.tls import read_optional_pem
+from sluice_inference.common.client import DEFAULT_CHANNEL_OPTIONS
+from sluice_inference.common.tls import read_optional_pem
 
 API_KEY_ENV = "SLUICE_API_KEY"
 

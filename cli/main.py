@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.admin_cmds import add_admin_parsers, run_admin
-from cli.bench_cmd import add_bench_parser, run_bench
-from cli.connect import add_connection_flags
-from cli.parsing import (
+from sluice_inference.cli.admin_cmds import add_admin_parsers, run_admin
+from sluice_inference.cli.bench_cmd import add_bench_parser, run_bench
+from sluice_inference.cli.connect import add_connection_flags
+from sluice_inference.cli.parsing import (
     EXIT_BAD_ARGS,
     FROM_CONFIG,
     FROM_FLAGS,
@@ -30,9 +30,9 @@ from cli.parsing import (
     add_global_flags,
     subcommands,
 )
-from cli.sim_cmd import add_sim_parser, run_sim
-from common.config import ConfigError, SluiceConfig, load_config
-from common.logs import configure_logging
+from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
+from sluice_inference.common.config import ConfigError, SluiceConfig, load_config
+from sluice_inference.common.logs import configure_logging
 
 # What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
 # `sluice models init` need torch.
@@ -292,10 +292,10 @@ def _config(args: argparse.Namespace) -> SluiceConfig:
 
 def _run_offline(args: argparse.Namespace) -> int | None:
     """Commands that need no cluster configuration; None for the others."""
-    from cli import commands
+    from sluice_inference.cli import commands
 
     if args.command == "models" and args.models_command == "check":
-        from cli.models_check import check_repository
+        from sluice_inference.cli.models_check import check_repository
 
         return check_repository(args.repository, load=not args.no_load)
     if args.command == "models":
@@ -313,14 +313,14 @@ def _run_offline(args: argparse.Namespace) -> int | None:
     if args.command == "sim":
         return run_sim(args)
     if args.command == "up":
-        from cli.cluster import run_local_cluster
+        from sluice_inference.cli.cluster import run_local_cluster
 
         return run_local_cluster(args)
     return None
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from cli import commands
+    from sluice_inference.cli import commands
 
     offline = _run_offline(args)
     if offline is not None:
@@ -329,12 +329,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "router" and args.processes != 1:
         return _router_processes(args, argv, config)
     if args.command == "router":
-        from router.main import serve_router
+        from sluice_inference.router.main import serve_router
 
         asyncio.run(serve_router(config))
         return 0
     if args.command == "worker":
-        from worker.main import serve_worker
+        from sluice_inference.worker.main import serve_worker
 
         asyncio.run(serve_worker(config))
         return 0
@@ -350,7 +350,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _router_processes(args: argparse.Namespace, argv: list[str], config: SluiceConfig) -> int:
-    from cli.router_processes import run_router_processes
+    from sluice_inference.cli.router_processes import run_router_processes
 
     if args.processes < 1:
         print("sluice router: --processes must be at least 1", file=sys.stderr)

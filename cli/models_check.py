@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from worker.model_config import ModelConfigError, TensorConfig
-from worker.repository import ModelVersionSpec, scan_repository
+from sluice_inference.worker.model_config import ModelConfigError, TensorConfig
+from sluice_inference.worker.repository import ModelVersionSpec, scan_repository
 
 EXIT_OK, EXIT_PROBLEM = 0, 1
 
@@ -75,7 +75,7 @@ def _try_load(spec: ModelVersionSpec) -> int:
         print("  load not tried: device gpu needs a CUDA worker")
         return 0
     try:
-        from worker.backends import load_backend
+        from sluice_inference.worker.backends import load_backend
     except ImportError as exc:
         print(f"  load not tried: {exc.name} is not installed (pip install 'sluice-inference[worker]')")
         return 0

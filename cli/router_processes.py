@@ -21,7 +21,7 @@ import threading
 import time
 from types import FrameType
 
-from common.local_cluster import Child, RestartBudget
+from sluice_inference.common.local_cluster import Child, RestartBudget
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ def child_argv(argv: list[str], index: int, metrics_port: int, router_id: str) -
     own = ["--metrics-port", str(port)]
     if router_id:
         own += ["--router-id", f"{router_id}-{index}"]
-    return [sys.executable, "-m", "cli", *kept, *own]
+    return [sys.executable, "-m", "sluice_inference.cli", *kept, *own]
 
 
 def run_router_processes(argv: list[str], processes: int, metrics_port: int, router_id: str) -> int:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.parsing import add_command
+from sluice_inference.cli.parsing import add_command
 
 EXIT_OK, EXIT_BAD_ARGS = 0, 1
 
@@ -80,8 +80,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_run(summary: dict[str, Any], markdown: bool) -> None:
-    from bench.sim.experiments import class_table, results_table
-    from bench.sim.results import worker_table
+    from sluice_inference.bench.sim.experiments import class_table, results_table
+    from sluice_inference.bench.sim.results import worker_table
 
     print(results_table([summary], markdown=markdown))
     print()
@@ -106,10 +106,10 @@ def _validate_args(args: argparse.Namespace) -> str | None:
 
 def run_sim(args: argparse.Namespace) -> int:
     """Run `sluice sim` with parsed arguments; returns the exit code."""
-    from bench.loadgen_scenario import ScenarioError
-    from bench.sim.experiments import compare, results_table, run_plain, speed_line, sweep
-    from bench.sim.plots import PlotUnavailable, plot_sweep, plot_worker_share
-    from bench.sim.scenario import load_sim_scenario
+    from sluice_inference.bench.loadgen_scenario import ScenarioError
+    from sluice_inference.bench.sim.experiments import compare, results_table, run_plain, speed_line, sweep
+    from sluice_inference.bench.sim.plots import PlotUnavailable, plot_sweep, plot_worker_share
+    from sluice_inference.bench.sim.scenario import load_sim_scenario
 
     problem = _validate_args(args)
     if problem:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from common.errors import InvalidArgument
+from sluice_inference.common.errors import InvalidArgument
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int:

@@ -41,12 +41,12 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from common.clock import Clock, MonotonicClock
-from common.errors import Internal, InvalidArgument, SluiceError
-from common.grpc_errors import from_rpc_error
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.tensors import DATATYPES, datatype_of, from_contents, from_raw
+from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.errors import Internal, InvalidArgument, SluiceError
+from sluice_inference.common.grpc_errors import from_rpc_error
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.tensors import DATATYPES, datatype_of, from_contents, from_raw
 
 Metadata = tuple[tuple[str, str], ...]
 Sleep = Callable[[float], Awaitable[None]]

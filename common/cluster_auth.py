@@ -18,9 +18,13 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from common.clock import Clock
-from common.cluster_identity import CertificateSigner, check_router_certificate, worker_tls_name
-from common.cluster_proof import (
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.cluster_identity import (
+    CertificateSigner,
+    check_router_certificate,
+    worker_tls_name,
+)
+from sluice_inference.common.cluster_proof import (
     Answer,
     CallerClaim,
     IdentityNotProven,
@@ -31,12 +35,12 @@ from common.cluster_proof import (
     new_nonce,
     server_transcript,
 )
-from common.config import ClusterSettings, ConfigError
-from common.errors import Unauthenticated
-from common.etcd import ROUTERS, WORKERS
-from common.grpc_errors import abort
-from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
-from common.tls import channel_credentials, read_pem, server_credentials
+from sluice_inference.common.config import ClusterSettings, ConfigError
+from sluice_inference.common.errors import Unauthenticated
+from sluice_inference.common.etcd import ROUTERS, WORKERS
+from sluice_inference.common.grpc_errors import abort
+from sluice_inference.common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
+from sluice_inference.common.tls import channel_credentials, read_pem, server_credentials
 
 CALLER_HEADER = "sluice-cluster-caller"
 NONCE_HEADER = "sluice-cluster-nonce-bin"

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from common.cluster_proof import IdentityNotProven
-from common.tls import read_pem
+from sluice_inference.common.cluster_proof import IdentityNotProven
+from sluice_inference.common.tls import read_pem
 
 WORKER_DOMAIN = "worker.sluice"
 ROUTER_NAME = "router.sluice"

@@ -34,7 +34,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.errors import ResourceExhausted, Unauthenticated
+from sluice_inference.common.errors import ResourceExhausted, Unauthenticated
 
 DOMAIN = b"sluice cluster proof v1\x00"
 NONCE_BYTES = 32

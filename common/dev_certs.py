@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.cluster_identity import ADMIN_NAME, ROUTER_NAME, worker_tls_name
+from sluice_inference.common.cluster_identity import ADMIN_NAME, ROUTER_NAME, worker_tls_name
 
 VALID_DAYS = 30
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")

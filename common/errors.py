@@ -1,8 +1,8 @@
 """The one error hierarchy: every failure a caller can see, with its status code and retry semantics.
 
-Domain code raises (or returns) these; exactly one place, `common.grpc_errors`, turns them into a gRPC
-status with `RetryInfo` and the `grpc-retry-pushback-ms` trailer. This module imports no grpc, so the
-policy core can use it. Codes are google.rpc.Code values (the same numbers gRPC uses).
+Domain code raises (or returns) these; exactly one place, `sluice_inference.common.grpc_errors`, turns them
+into a gRPC status with `RetryInfo` and the `grpc-retry-pushback-ms` trailer. This module imports no grpc, so
+the policy core can use it. Codes are google.rpc.Code values (the same numbers gRPC uses).
 """
 
 from __future__ import annotations

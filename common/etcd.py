@@ -32,9 +32,9 @@ from typing import Any, Final
 import aetcd
 import aetcd.exceptions
 
-from common.config import EtcdSettings
-from common.etcd_client import EtcdClient
-from common.tls import channel_credentials
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd_client import EtcdClient
+from sluice_inference.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,17 @@ from typing import Any
 import aetcd
 import aetcd.exceptions
 
-from common.clock import Clock
-from common.config import EtcdSettings
-from common.etcd import ETCD_ERRORS, WATCH_BACKOFF_S, Backoff, EtcdUnavailable, close_client, open_client
-from common.logs import LogThrottle
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import (
+    ETCD_ERRORS,
+    WATCH_BACKOFF_S,
+    Backoff,
+    EtcdUnavailable,
+    close_client,
+    open_client,
+)
+from sluice_inference.common.logs import LogThrottle
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from common.errors import Code, SluiceError, error_for_code
+from sluice_inference.common.errors import Code, SluiceError, error_for_code
 
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
 DETAILS_KEY = "grpc-status-details-bin"

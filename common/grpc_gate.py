@@ -6,7 +6,8 @@ refuse there cheaply we return a *request-streaming* handler whose behaviour abo
 iterates the request stream, so gRPC reads (and buffers) nothing of the body. Measured: a unary
 handler that aborts still reads the whole message first (16 key-less 60 MB bodies took a router from
 40 MB to 1.4 GB RSS), and raising inside the interceptor answers UNKNOWN. The abort goes through
-`common.grpc_errors.abort`, so the status, message and reason trailer are the same as anywhere else.
+`sluice_inference.common.grpc_errors.abort`, so the status, message and reason trailer are the same as
+anywhere else.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from common.errors import PermissionDenied, SluiceError, Unauthenticated
-from common.grpc_errors import abort
+from sluice_inference.common.errors import PermissionDenied, SluiceError, Unauthenticated
+from sluice_inference.common.grpc_errors import abort
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 

@@ -4,8 +4,8 @@ stopped from below: `sluice up` (cli/cluster.py) and the benchmarks (bench/) bot
 Children run in their own session so a terminal's Ctrl-C reaches only the launching process, which then
 stops them in order (`stop_cluster`): workers first (SIGTERM → drain → exit 0), then the router, then
 etcd. If the launcher itself is killed, the kernel sends each child SIGTERM (PR_SET_PDEATHSIG), so nothing
-outlives it. Children are `python -m cli ...` processes: this module starts the command, it imports
-neither the router nor the worker.
+outlives it. Children are `python -m sluice_inference.cli ...` processes: this module starts the command, it
+imports neither the router nor the worker.
 
 Everything listens on loopback unless told otherwise: the router's client port binds `host` (default
 127.0.0.1; `sluice up --host 0.0.0.0` opens it to the network), etcd, Redis and the workers bind
@@ -45,14 +45,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Protocol
 
-from common.config import load_config
-from common.dev_certs import (
+from sluice_inference.common.config import load_config
+from sluice_inference.common.dev_certs import (
     has_dev_certs,
     issue_worker_certificate,
     worker_certificate_paths,
     write_dev_certs,
 )
-from common.exit_codes import EXIT_DEVICE_FAULT
+from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
 
 PR_SET_PDEATHSIG = 1
 LOOPBACK = "127.0.0.1"
@@ -405,7 +405,7 @@ def _redis_answers(port: int) -> bool:
 
 
 def _sluice(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli", *args]
+    return [sys.executable, "-m", "sluice_inference.cli", *args]
 
 
 def start_cluster(

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from opentelemetry.trace import get_current_span
 
-from common.clock import Clock
+from sluice_inference.common.clock import Clock
 
 REQUEST_ID: ContextVar[str] = ContextVar("sluice_request_id", default="")
 """The id of the request being served in this task (the client's `id`, or its trace id)."""

@@ -2,8 +2,9 @@
 
 protoc emits absolute imports rooted at the proto include path (`from sluice.v1 import worker_pb2`); we
 keep the descriptor file names short and package-qualified (`sluice/v1/worker.proto`, which also avoids
-clashing with aetcd's plain `rpc.proto`), and rewrite those imports to live under `common.pb`. The same
-function renders into a temporary folder for the staleness test, so the check and the build cannot drift.
+clashing with aetcd's plain `rpc.proto`), and rewrite those imports to live under
+`sluice_inference.common.pb`. The same function renders into a temporary folder for the staleness test, so the
+check and the build cannot drift.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-PB_PACKAGE = "common.pb"
+PB_PACKAGE = "sluice_inference.common.pb"
 PB_DIR = ROOT / "common" / "pb"
 _TOP_PACKAGES = ("inference", "sluice")
 _IMPORT_RE = re.compile(rf"^(from|import) ({'|'.join(_TOP_PACKAGES)})([. ])", re.MULTILINE)
@@ -33,7 +34,8 @@ def _rewrite_imports(text: str) -> str:
 
 
 def render(out_dir: Path) -> None:
-    """Run protoc (python, grpc and mypy stubs) into `out_dir` and rewrite imports to `common.pb`."""
+    """Run protoc (python, grpc and mypy stubs) into `out_dir` and rewrite imports to
+    `sluice_inference.common.pb`."""
     from grpc_tools import protoc  # a dev dependency: only generation needs it
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from common.errors import InvalidArgument
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.errors import InvalidArgument
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
 
 # Protocol datatype → little-endian numpy dtype. BYTES (variable-length strings) is not served yet.
 DATATYPES: dict[str, np.dtype[Any]] = {

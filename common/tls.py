@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from common.config import ConfigError
+from sluice_inference.common.config import ConfigError
 
 
 def read_pem(path: Path, key: str) -> bytes:

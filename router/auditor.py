@@ -22,18 +22,18 @@ import logging
 import random
 from collections.abc import Sequence
 
-from common.clock import Clock
-from common.config import CacheSettings, TenantSettings
-from common.errors import SluiceError
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord
-from router.cache_gate import CacheGate
-from router.calls import InferResult, Tensor
-from router.codec import DecodedRequest, Executor, requested_outputs
-from router.metrics import RouterMetrics
-from router.policy.admission import AUDIT_PRIORITY, AUDIT_TENANT
-from router.policy.cache_audit import AuditBudget, DeviationBook, difference
-from router.policy.tenants import Tenant
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import CacheSettings, TenantSettings
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.calls import InferResult, Tensor
+from sluice_inference.router.codec import DecodedRequest, Executor, requested_outputs
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.admission import AUDIT_PRIORITY, AUDIT_TENANT
+from sluice_inference.router.policy.cache_audit import AuditBudget, DeviationBook, difference
+from sluice_inference.router.policy.tenants import Tenant
 
 log = logging.getLogger(__name__)
 

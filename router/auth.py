@@ -10,9 +10,9 @@ Key-less local mode — no tenant has API keys, no admin key is configured and `
 is false — leaves admin open, as a laptop's `sluice up` needs. The tenant directory is read per call, so
 etcd tenant overrides that add keys close it at once.
 
-`check_call` runs in `common.grpc_gate.GateInterceptor`, which only refuses (nothing of a refused body is
-read) or hands the call to its handler; the handler authenticates again for what it needs (tenant quotas,
-model permissions), so this gate holds whatever handler a method has.
+`check_call` runs in `sluice_inference.common.grpc_gate.GateInterceptor`, which only refuses
+(nothing of a refused body is read) or hands the call to its handler; the handler authenticates again for what
+it needs (tenant quotas, model permissions), so this gate holds whatever handler a method has.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import hmac
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.errors import PermissionDenied, Unauthenticated
-from common.grpc_gate import is_open
-from router.kserve_codec import api_key
-from router.policy.tenants import TenantDirectory, hash_api_key
+from sluice_inference.common.errors import PermissionDenied, Unauthenticated
+from sluice_inference.common.grpc_gate import is_open
+from sluice_inference.router.kserve_codec import api_key
+from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key
 
 INFERENCE = "/inference.GRPCInferenceService/"
 OPEN_METHODS = frozenset(INFERENCE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))

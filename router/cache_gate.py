@@ -24,17 +24,17 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from common.config import CacheSettings
-from common.records import ModelRecord
-from router.calls import CacheOutcome, InferResult
-from router.codec import DecodedRequest
-from router.metrics import RouterMetrics
-from router.policy.cache_audit import Strikes
-from router.policy.cache_keys import ParamValue, cache_key, cache_scope, tensors_from
-from router.policy.result_cache import CacheUse, cache_use
-from router.stored_results import decode_result, encode_result
-from router.stores.cache_store import ResultCacheStore
-from router.stores.coalescer import Coalescer
+from sluice_inference.common.config import CacheSettings
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.router.calls import CacheOutcome, InferResult
+from sluice_inference.router.codec import DecodedRequest
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.cache_audit import Strikes
+from sluice_inference.router.policy.cache_keys import ParamValue, cache_key, cache_scope, tensors_from
+from sluice_inference.router.policy.result_cache import CacheUse, cache_use
+from sluice_inference.router.stored_results import decode_result, encode_result
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.stores.coalescer import Coalescer
 
 log = logging.getLogger(__name__)
 

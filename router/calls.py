@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry.context import Context
 
-from common.errors import InvalidArgument
-from router.policy.cache_keys import ParamValue
+from sluice_inference.common.errors import InvalidArgument
+from sluice_inference.router.policy.cache_keys import ParamValue
 
 TypedValue = bool | int | float
 """One element of a tensor sent in typed form (a number; BYTES tensors are not served)."""

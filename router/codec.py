@@ -19,15 +19,15 @@ from typing import Any, Protocol
 
 import numpy.typing as npt
 
-from common.buckets import bucketed, padded_cost
-from common.errors import InvalidArgument
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec
-from common.tensors import dtype_of, from_raw, from_values, shown_shape
-from router.calls import InferCall, InputTensor, ServedBy, Tensor
-from router.policy.cache_keys import ParamValue, TensorLike
-from router.policy.lanes import LaneKey
-from router.policy.tenants import Tenant
+from sluice_inference.common.buckets import bucketed, padded_cost
+from sluice_inference.common.errors import InvalidArgument
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.common.tensors import dtype_of, from_raw, from_values, shown_shape
+from sluice_inference.router.calls import InferCall, InputTensor, ServedBy, Tensor
+from sluice_inference.router.policy.cache_keys import ParamValue, TensorLike
+from sluice_inference.router.policy.lanes import LaneKey
+from sluice_inference.router.policy.tenants import Tenant
 
 __all__ = [
     "DecodeLimits",

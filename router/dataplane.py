@@ -31,14 +31,14 @@ from typing import Protocol
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
-from common.clock import Clock
-from common.config import RouterSettings
-from common.errors import Code, DeadlineExceeded, Internal, SluiceError
-from common.logs import MAX_LOGGED_ID, REQUEST_ID, LogThrottle, loggable_id
-from common.records import ModelRecord
-from router.cache_gate import CacheGate
-from router.calls import CacheOutcome, InferCall, InferResult
-from router.codec import (
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.errors import Code, DeadlineExceeded, Internal, SluiceError
+from sluice_inference.common.logs import MAX_LOGGED_ID, REQUEST_ID, LogThrottle, loggable_id
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.calls import CacheOutcome, InferCall, InferResult
+from sluice_inference.router.codec import (
     DecodedRequest,
     DecodeLimits,
     Executor,
@@ -48,14 +48,14 @@ from router.codec import (
     plain_parameters,
     requested_outputs,
 )
-from router.driver import Driver
-from router.idempotency_gate import Claimed, IdempotencyGate
-from router.live_stats import LiveStats
-from router.metrics import RouterMetrics
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
-from router.policy.core import deadline_for, version_to_serve
-from router.policy.tenants import Tenant, TenantDirectory
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.idempotency_gate import Claimed, IdempotencyGate
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core import deadline_for, version_to_serve
+from sluice_inference.router.policy.tenants import Tenant, TenantDirectory
 
 log = logging.getLogger(__name__)
 

@@ -32,19 +32,19 @@ from opentelemetry.trace import (
     get_current_span,
 )
 
-from common.clock import Clock
-from common.config import TenantSettings
-from common.errors import Code, Internal, SluiceError, Unavailable
-from common.pb.sluice.v1 import worker_pb2
-from common.telemetry import inject
-from router.codec import DecodedRequest, ServedBy
-from router.metrics import RouterMetrics
-from router.policy.core import RouterCore
-from router.policy.demand import Demand
-from router.policy.lanes import QueuedRequest
-from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
-from router.policy.tenants import Tenant
-from router.worker_link import WorkerLinks
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.telemetry import inject
+from sluice_inference.router.codec import DecodedRequest, ServedBy
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.lanes import QueuedRequest
+from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
+from sluice_inference.router.policy.tenants import Tenant
+from sluice_inference.router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from common.clock import Clock
-from common.errors import InvalidArgument, Unavailable
-from common.grpc_errors import abort, grpc_code, trailers_for
-from common.logs import LogThrottle
-from common.pb.inference import grpc_service_pb2 as kserve
-from router.metrics import RouterMetrics
-from router.policy.door import RETRY_AFTER_S, Door
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.errors import InvalidArgument, Unavailable
+from sluice_inference.common.grpc_errors import abort, grpc_code, trailers_for
+from sluice_inference.common.logs import LogThrottle
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.door import RETRY_AFTER_S, Door
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common.clock import Clock
-from common.config import IdempotencySettings
-from common.errors import SluiceError, Unavailable, error_for_code
-from router.calls import InferCall, InferResult
-from router.codec import DecodedRequest
-from router.metrics import RouterMetrics
-from router.policy.cache_keys import ParamValue, request_fingerprint, tensors_from
-from router.policy.idempotency import (
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import IdempotencySettings
+from sluice_inference.common.errors import SluiceError, Unavailable, error_for_code
+from sluice_inference.router.calls import InferCall, InferResult
+from sluice_inference.router.codec import DecodedRequest
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.cache_keys import ParamValue, request_fingerprint, tensors_from
+from sluice_inference.router.policy.idempotency import (
     Replay,
     StoredError,
     StoredSuccess,
@@ -31,8 +31,8 @@ from router.policy.idempotency import (
     settle,
     validate_key,
 )
-from router.stored_results import decode_result, encode_result
-from router.stores.idempotency_store import IdempotencyStore, acquire
+from sluice_inference.router.stored_results import decode_result, encode_result
+from sluice_inference.router.stores.idempotency_store import IdempotencyStore, acquire
 
 UNREADABLE_RETRY_S = 1.0
 

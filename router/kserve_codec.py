@@ -4,7 +4,8 @@ besides the servicer that reads or builds `inference.*` messages.
 Conversion never raises and never checks against a model: validation is the data plane's
 (`router/codec.py`), so it happens in the same order, and is accounted the same way, for every transport.
 Inputs are passed as sent — a raw buffer, or the typed `contents` field the declared datatype uses
-(the protocol's table, `common.tensors.CONTENTS_FIELD`) — and made canonical only once validated.
+(the protocol's table, `sluice_inference.common.tensors.CONTENTS_FIELD`) — and made
+canonical only once validated.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 from opentelemetry.context import Context
 
-from common.errors import InvalidArgument, Unauthenticated
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.records import ModelRecord
-from common.tensors import CONTENTS_FIELD
-from router.calls import InferCall, InferResult, InputTensor, TypedValue
-from router.policy.cache_keys import ParamValue
+from sluice_inference.common.errors import InvalidArgument, Unauthenticated
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.common.tensors import CONTENTS_FIELD
+from sluice_inference.router.calls import InferCall, InferResult, InputTensor, TypedValue
+from sluice_inference.router.policy.cache_keys import ParamValue
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 Metadata = Iterable[tuple[str, Any]] | None

@@ -22,40 +22,44 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 
-from common.clock import Clock, MonotonicClock
-from common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
-from common.config import SluiceConfig
-from common.etcd import LeasedKey, router_key
-from common.grpc_gate import GateInterceptor
-from common.grpc_server import keepalive_options
-from common.metrics import MetricsEndpoint, listen_host
-from common.pb.inference import grpc_service_pb2
-from common.pb.sluice.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
-from common.telemetry import provider_from_environment, tracer
-from common.tls import server_credentials
-from router.auditor import CacheAuditor
-from router.auth import AccessPolicy
-from router.cache_gate import CacheGate
-from router.dataplane import DataPlane, DriverBackend
-from router.driver import Driver
-from router.edge import FrontDoor, MalformedBodies, add_service
-from router.idempotency_gate import IdempotencyGate
-from router.live_stats import LiveStats
-from router.membership import Membership
-from router.metrics import RouterMetrics
-from router.peers import PeerView, router_record
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
-from router.policy.core import RouterCore
-from router.policy.door import Door
-from router.policy.sealing import SealKeys
-from router.queue_probe import QueueProbe
-from router.servicer import InferenceServicer, RouterAdminServicer
-from router.status import INFERENCE_SERVICE, StatusLoop
-from router.stores.cache_store import ResultCacheStore
-from router.stores.idempotency_store import IdempotencyStore, InProcessIdempotencyStore, RedisIdempotencyStore
-from router.stores.redis_conn import RedisOptions, open_redis
-from router.worker_link import WorkerLinks
+from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
+from sluice_inference.common.config import SluiceConfig
+from sluice_inference.common.etcd import LeasedKey, router_key
+from sluice_inference.common.grpc_gate import GateInterceptor
+from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.metrics import MetricsEndpoint, listen_host
+from sluice_inference.common.pb.inference import grpc_service_pb2
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
+from sluice_inference.common.telemetry import provider_from_environment, tracer
+from sluice_inference.common.tls import server_credentials
+from sluice_inference.router.auditor import CacheAuditor
+from sluice_inference.router.auth import AccessPolicy
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.dataplane import DataPlane, DriverBackend
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.edge import FrontDoor, MalformedBodies, add_service
+from sluice_inference.router.idempotency_gate import IdempotencyGate
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.membership import Membership
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.peers import PeerView, router_record
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.door import Door
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.queue_probe import QueueProbe
+from sluice_inference.router.servicer import InferenceServicer, RouterAdminServicer
+from sluice_inference.router.status import INFERENCE_SERVICE, StatusLoop
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.stores.idempotency_store import (
+    IdempotencyStore,
+    InProcessIdempotencyStore,
+    RedisIdempotencyStore,
+)
+from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
+from sluice_inference.router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
 STOP_STEP_S = 5.0

@@ -21,16 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from common.clock import Clock
-from common.cluster_auth import ClusterClient
-from common.config import EtcdSettings
-from common.etcd import WORKERS
-from common.etcd_watch import WatchHealth, follow_prefix
-from common.pb.sluice.v1 import worker_pb2
-from common.records import WorkerRecord
-from router.driver import Driver
-from router.policy.catalog import ModelCatalog
-from router.worker_link import WorkerLink, WorkerLinks
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.cluster_auth import ClusterClient
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import WORKERS
+from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import WorkerRecord
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.worker_link import WorkerLink, WorkerLinks
 
 log = logging.getLogger(__name__)
 

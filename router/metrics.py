@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from common.errors import SluiceError
-from common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 UNKNOWN_TENANT = "unknown"
 """Label for requests rejected before their tenant was known (missing or unknown key)."""

@@ -28,16 +28,16 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from common.clock import Clock
-from common.config import EtcdSettings, TenantSettings
-from common.etcd import ROUTERS, TENANTS, LeasedKey
-from common.etcd_watch import WatchHealth, decode_json_value, follow_prefix
-from router.driver import Driver
-from router.metrics import RouterMetrics
-from router.policy.demand import NO_DEMAND, Demand
-from router.policy.overrides import bound_override
-from router.policy.shares import OWN_GRACE_S
-from router.policy.tenants import TenantDirectory
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import EtcdSettings, TenantSettings
+from sluice_inference.common.etcd import ROUTERS, TENANTS, LeasedKey
+from sluice_inference.common.etcd_watch import WatchHealth, decode_json_value, follow_prefix
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.demand import NO_DEMAND, Demand
+from sluice_inference.router.policy.overrides import bound_override
+from sluice_inference.router.policy.shares import OWN_GRACE_S
+from sluice_inference.router.policy.tenants import TenantDirectory
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import grpc
 
-from router.edge import PROBE_KEY
-from router.metrics import RouterMetrics
-from router.policy.door import Door
+from sluice_inference.router.edge import PROBE_KEY
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.door import Door
 
 PROBE_EVERY_S = 0.05
 INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -2,7 +2,7 @@
 
 `InferenceServicer` only translates: each method converts protobuf → domain objects
 (`router/kserve_codec.py`), asks the data plane (`router/dataplane.py`), and converts back; errors cross
-the boundary once, in `common.grpc_errors.abort` (in-band for `ModelStreamInfer`).
+the boundary once, in `sluice_inference.common.grpc_errors.abort` (in-band for `ModelStreamInfer`).
 """
 
 from __future__ import annotations
@@ -14,23 +14,28 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from common.clock import Clock
-from common.config import RouterSettings
-from common.errors import Internal, SluiceError
-from common.grpc_errors import abort
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
-from common.telemetry import extract
-from router.cache_gate import CacheGate
-from router.dataplane import DataPlane
-from router.driver import Driver
-from router.edge import OVERLOADED, FrontDoor, Malformed, MalformedBodies
-from router.kserve_codec import api_key, call_from_request, model_metadata, response_from_result
-from router.live_stats import LiveStats
-from router.membership import Membership
-from router.peers import PeerView
-from router.policy.catalog import ModelCatalog
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.errors import Internal, SluiceError
+from sluice_inference.common.grpc_errors import abort
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from sluice_inference.common.telemetry import extract
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.dataplane import DataPlane
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.edge import OVERLOADED, FrontDoor, Malformed, MalformedBodies
+from sluice_inference.router.kserve_codec import (
+    api_key,
+    call_from_request,
+    model_metadata,
+    response_from_result,
+)
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.membership import Membership
+from sluice_inference.router.peers import PeerView
+from sluice_inference.router.policy.catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
 

@@ -15,19 +15,19 @@ from collections.abc import Callable, Sequence
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from common.clock import Clock
-from common.config import AutoscaleSettings
-from common.errors import Unavailable
-from common.etcd_watch import WatchHealth
-from common.pb.inference import grpc_service_pb2
-from router.cache_gate import CacheGate
-from router.driver import Driver
-from router.live_stats import LiveStats
-from router.metrics import RouterMetrics
-from router.peers import PeerView
-from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.config import AutoscaleSettings
+from sluice_inference.common.errors import Unavailable
+from sluice_inference.common.etcd_watch import WatchHealth
+from sluice_inference.common.pb.inference import grpc_service_pb2
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.peers import PeerView
+from sluice_inference.router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from common.pb.sluice.v1 import result_pb2
-from router.calls import CacheOutcome, InferResult, ServedBy, Tensor
+from sluice_inference.common.pb.sluice.v1 import result_pb2
+from sluice_inference.router.calls import CacheOutcome, InferResult, ServedBy, Tensor
 
 
 def encode_result(result: InferResult) -> bytes:

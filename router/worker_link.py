@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from common.cluster_auth import STREAM_METHOD, ClusterClient
-from common.cluster_proof import IdentityNotProven
-from common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
+from sluice_inference.common.cluster_auth import STREAM_METHOD, ClusterClient
+from sluice_inference.common.cluster_proof import IdentityNotProven
+from sluice_inference.common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.demo_models import init_demo_repository
+from sluice_inference.worker.demo_models import init_demo_repository
 
 
 @pytest.fixture(scope="session")

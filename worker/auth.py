@@ -2,8 +2,8 @@
 proved they belong to the cluster (docs/security.md, "Router → worker").
 
 - Token: the caller's proof (common/cluster_proof.py) over a challenge this worker issued, for this very
-  method, once; checked on the metadata before the request is read (`common.grpc_gate.GateInterceptor`),
-  so a refused stream reads no batch.
+  method, once; checked on the metadata before the request is read
+  (`sluice_inference.common.grpc_gate.GateInterceptor`), so a refused stream reads no batch.
 - mTLS: the TLS handshake already required a client certificate from the cluster CA; on top, a stream
   needs one naming a router (`router.sluice`) and an admin call one naming a router or an operator tool
   (`admin.sluice`), checked as the handler starts (before a stream's first batch is read).
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.clock import Clock
-from common.cluster_auth import STREAM_METHOD, caller_claim, worker_identity
-from common.cluster_identity import ADMIN_NAME, ROUTER_NAME, peer_names
-from common.cluster_proof import ProofIssuer
-from common.errors import PermissionDenied
-from common.grpc_gate import is_open
+from sluice_inference.common.clock import Clock
+from sluice_inference.common.cluster_auth import STREAM_METHOD, caller_claim, worker_identity
+from sluice_inference.common.cluster_identity import ADMIN_NAME, ROUTER_NAME, peer_names
+from sluice_inference.common.cluster_proof import ProofIssuer
+from sluice_inference.common.errors import PermissionDenied
+from sluice_inference.common.grpc_gate import is_open
 
 
 class ClusterProofGate:

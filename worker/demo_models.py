@@ -31,7 +31,7 @@ import torch
 import yaml
 from torch import nn
 
-from worker.model_config import ModelConfig
+from sluice_inference.worker.model_config import ModelConfig
 
 MLP_SEED = 1234
 ENCODER_SEED = 5678
@@ -167,7 +167,7 @@ def onnx_demo_available() -> bool:
 
 
 def _write_mlp_onnx(root: Path) -> Path:
-    from worker.demo_onnx import mlp_onnx_bytes
+    from sluice_inference.worker.demo_onnx import mlp_onnx_bytes
 
     folder = root / MLP_ONNX_NAME
     (folder / "1").mkdir(parents=True, exist_ok=True)

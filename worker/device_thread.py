@@ -28,15 +28,22 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Span, Tracer
 
-from common.errors import Cancelled, DeadlineExceeded, Internal, NotFound, SluiceError
-from common.pb.sluice.v1 import worker_pb2
-from common.telemetry import extract_mapping
-from common.tensors import from_wire
-from worker.executor import CheckedItem, ExecItem, Executor, ItemOutcome, LoadedModel, check_item
-from worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
+from sluice_inference.common.errors import Cancelled, DeadlineExceeded, Internal, NotFound, SluiceError
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.telemetry import extract_mapping
+from sluice_inference.common.tensors import from_wire
+from sluice_inference.worker.executor import (
+    CheckedItem,
+    ExecItem,
+    Executor,
+    ItemOutcome,
+    LoadedModel,
+    check_item,
+)
+from sluice_inference.worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
 
 if TYPE_CHECKING:
-    from worker.runner import StreamState
+    from sluice_inference.worker.runner import StreamState
 
 log = logging.getLogger(__name__)
 

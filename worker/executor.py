@@ -33,16 +33,16 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from common.errors import Internal, InvalidArgument, SluiceError
-from common.records import ModelRecord
-from common.tensors import DATATYPES
-from worker.backends import Backend, load_backend
-from worker.faults import is_fatal_device_error
-from worker.isolation import isolate
-from worker.model_config import ModelConfig
-from worker.padding import ShapeKey, group_key, stack
-from worker.repository import ModelVersionSpec
-from worker.validation import check_outputs, item_rows
+from sluice_inference.common.errors import Internal, InvalidArgument, SluiceError
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.common.tensors import DATATYPES
+from sluice_inference.worker.backends import Backend, load_backend
+from sluice_inference.worker.faults import is_fatal_device_error
+from sluice_inference.worker.isolation import isolate
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.padding import ShapeKey, group_key, stack
+from sluice_inference.worker.repository import ModelVersionSpec
+from sluice_inference.worker.validation import check_outputs, item_rows
 
 Array = npt.NDArray[Any]
 # Length used for variable dims during warm-up when the input declares no buckets.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from worker.metrics import WorkerMetrics
+from sluice_inference.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -26,33 +26,33 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
-from common.clock import MonotonicClock
-from common.cluster_auth import (
+from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.cluster_auth import (
     IdentityServicer,
     require_worker_credentials,
     worker_identity,
     worker_server_credentials,
 )
-from common.cluster_proof import ProofIssuer
-from common.config import SluiceConfig
-from common.dev_token import refuse_dev_token
-from common.errors import Internal
-from common.etcd import LeasedKey, worker_key
-from common.exit_codes import EXIT_DEVICE_FAULT
-from common.grpc_gate import GateInterceptor
-from common.grpc_server import keepalive_options
-from common.metrics import MetricsEndpoint, listen_host
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
-from common.records import WorkerRecord, WorkerStateName
-from common.telemetry import provider_from_environment, tracer
-from worker.auth import ClusterProofGate, check_peer_role
-from worker.backends import load_backend
-from worker.executor import Executor, LoadedModel, warmup_items
-from worker.gpu_metrics import GpuSampler
-from worker.metrics import WorkerMetrics
-from worker.repository import scan_repository
-from worker.runner import BatchRunner
-from worker.servicer import WorkerAdminServicer, WorkerState, WorkerStreamServicer
+from sluice_inference.common.cluster_proof import ProofIssuer
+from sluice_inference.common.config import SluiceConfig
+from sluice_inference.common.dev_token import refuse_dev_token
+from sluice_inference.common.errors import Internal
+from sluice_inference.common.etcd import LeasedKey, worker_key
+from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
+from sluice_inference.common.grpc_gate import GateInterceptor
+from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.metrics import MetricsEndpoint, listen_host
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from sluice_inference.common.records import WorkerRecord, WorkerStateName
+from sluice_inference.common.telemetry import provider_from_environment, tracer
+from sluice_inference.worker.auth import ClusterProofGate, check_peer_role
+from sluice_inference.worker.backends import load_backend
+from sluice_inference.worker.executor import Executor, LoadedModel, warmup_items
+from sluice_inference.worker.gpu_metrics import GpuSampler
+from sluice_inference.worker.metrics import WorkerMetrics
+from sluice_inference.worker.repository import scan_repository
+from sluice_inference.worker.runner import BatchRunner
+from sluice_inference.worker.servicer import WorkerAdminServicer, WorkerState, WorkerStreamServicer
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.buckets import row_cost
-from worker.model_config import ModelConfig
-from worker.padding import ShapeKey
+from sluice_inference.common.buckets import row_cost
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.padding import ShapeKey
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 
 class WorkerMetrics:

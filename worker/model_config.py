@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from common.tensors import DATATYPES
+from sluice_inference.common.tensors import DATATYPES
 
 INTEGER_DATATYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 """The datatypes a `range` may be declared for."""
@@ -58,7 +58,7 @@ class TensorConfig(_Strict):
     """Tensor name. TorchScript: `<any>__<i>` names (Triton's `INPUT__0`, `OUTPUT__0`) bind by position i,
     other names by keyword; ONNX: the graph's input/output name (worker/backends/)."""
     datatype: str
-    """Protocol datatype (FP32, INT64, ...; see common.tensors.DATATYPES)."""
+    """Protocol datatype (FP32, INT64, ...; see sluice_inference.common.tensors.DATATYPES)."""
     dims: tuple[int, ...]
     """Per-row shape WITHOUT the batch dimension; -1 marks a variable dim."""
     range: tuple[int, int] | None = None

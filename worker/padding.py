@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from common.buckets import bucketed
-from worker.model_config import ModelConfig, TensorConfig
+from sluice_inference.common.buckets import bucketed
+from sluice_inference.worker.model_config import ModelConfig, TensorConfig
 
 Array = npt.NDArray[Any]
 ShapeKey = tuple[tuple[int, ...], ...]

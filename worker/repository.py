@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.records import ModelRecord, TensorSpec
-from worker.model_config import ModelConfig, ModelConfigError, TensorConfig
-from worker.triton_config import TRITON_CONFIG_FILE, parse_triton_config
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.worker.model_config import ModelConfig, ModelConfigError, TensorConfig
+from sluice_inference.worker.triton_config import TRITON_CONFIG_FILE, parse_triton_config
 
 CONFIG_FILE = "config.yaml"
 ARTIFACT_FILES: dict[str, str] = {

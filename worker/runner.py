@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
-from common.pb.sluice.v1 import worker_pb2
-from common.tensors import to_wire
-from worker.busy import BusyWindow
-from worker.device_thread import Answer, DeviceThread, Forward, Work, fail_all
-from worker.executor import Executor, ItemOutcome, LoadedModel
-from worker.metrics import WorkerMetrics
+from sluice_inference.common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.tensors import to_wire
+from sluice_inference.worker.busy import BusyWindow
+from sluice_inference.worker.device_thread import Answer, DeviceThread, Forward, Work, fail_all
+from sluice_inference.worker.executor import Executor, ItemOutcome, LoadedModel
+from sluice_inference.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
-from worker.auth import stream_caller
-from worker.runner import BatchRunner, StreamState
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from sluice_inference.worker.auth import stream_caller
+from sluice_inference.worker.runner import BatchRunner, StreamState
 
 log = logging.getLogger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]

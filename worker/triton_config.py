@@ -23,8 +23,8 @@ from typing import Any
 from google.protobuf import text_format
 from pydantic import ValidationError
 
-from common.pb.sluice.triton import model_config_pb2 as pb
-from worker.model_config import DeviceKind, ModelConfig, ModelConfigError, first_error
+from sluice_inference.common.pb.sluice.triton import model_config_pb2 as pb
+from sluice_inference.worker.model_config import DeviceKind, ModelConfig, ModelConfigError, first_error
 
 TRITON_CONFIG_FILE = "config.pbtxt"
 _BACKENDS = {"pytorch_libtorch": "torchscript", "onnxruntime_onnx": "onnxruntime"}

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from common.errors import InvalidArgument
-from common.tensors import DATATYPES
-from worker.model_config import ModelConfig, TensorConfig
+from sluice_inference.common.errors import InvalidArgument
+from sluice_inference.common.tensors import DATATYPES
+from sluice_inference.worker.model_config import ModelConfig, TensorConfig
 
 Array = npt.NDArray[Any]
 

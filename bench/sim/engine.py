@@ -32,18 +32,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from bench.loadgen_stats import RequestRecord
-from bench.sim.plan import RunPlan
-from bench.sim.results import SimResult, WorkerStats
-from bench.sim.scenario import Failure, SimScenario, worker_ids
-from bench.sim.workers import Running, SimWorker, class_of
-from common.config import AdmissionSettings, RouterSettings, TenantSettings
-from common.errors import SluiceError
-from router.policy.core import RouterCore
-from router.policy.demand import NO_DEMAND, Demand
-from router.policy.lanes import QueuedRequest
-from router.policy.outcomes import BatchAnswer, Decision, Served
-from router.policy.shares import OWN_GRACE_S
+from sluice_inference.bench.loadgen_stats import RequestRecord
+from sluice_inference.bench.sim.plan import RunPlan
+from sluice_inference.bench.sim.results import SimResult, WorkerStats
+from sluice_inference.bench.sim.scenario import Failure, SimScenario, worker_ids
+from sluice_inference.bench.sim.workers import Running, SimWorker, class_of
+from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.demand import NO_DEMAND, Demand
+from sluice_inference.router.policy.lanes import QueuedRequest
+from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Served
+from sluice_inference.router.policy.shares import OWN_GRACE_S
 
 ARRIVAL, DONE, ANSWER, TIMER, CRASH, NOTICED, DRAIN, REPORT, PUBLISH, PEER, COUNTED = range(11)
 UNLIMITED = TenantSettings(rate=1e12, burst=10**12, max_inflight=10**12, default_priority=9, max_priority=1)

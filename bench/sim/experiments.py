@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run, variants_of
-from bench.sim.results import COLUMNS, format_table, table_row
-from bench.sim.scenario import SimScenario, Variant
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run, variants_of
+from sluice_inference.bench.sim.results import COLUMNS, format_table, table_row
+from sluice_inference.bench.sim.scenario import SimScenario, Variant
 
 Progress = Callable[[dict[str, Any]], None]
 

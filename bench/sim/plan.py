@@ -1,9 +1,9 @@
 """The plan of one run: a scenario plus a variant, turned into arrivals, lanes and limits (pure).
 
 Rules:
-- arrivals come from the load generator's schedule code (`bench.loadgen_schedule`) with the same random
-  streams, so a simulator scenario and a `sluice bench` scenario with the same seed, rate, duration and
-  class weights offer exactly the same arrival times and class picks;
+- arrivals come from the load generator's schedule code (`sluice_inference.bench.loadgen_schedule`) with the
+  same random streams, so a simulator scenario and a `sluice bench` scenario with the same seed, rate,
+  duration and class weights offer exactly the same arrival times and class picks;
 - a variant that drops classes removes their arrivals from the *same* schedule: the remaining classes
   see identical arrival times in both runs, so a comparison isolates the dropped traffic's effect;
 - each class's lane is its shape bucket (model, version, input length), as the router keys lanes; the
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.loadgen_schedule import arrival_times, class_picks, random_streams
-from bench.sim.scenario import ModelSpec, Policy, SimScenario, Variant
-from router.policy.lanes import LaneKey, LaneLimits
+from sluice_inference.bench.loadgen_schedule import arrival_times, class_picks, random_streams
+from sluice_inference.bench.sim.scenario import ModelSpec, Policy, SimScenario, Variant
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits
 
 DEFAULT_VARIANTS = [
     Variant(name="adaptive + expected_completion", policy={"batcher": "adaptive"}),

@@ -7,8 +7,8 @@ Definitions (docs/batching.md repeats them), over the run's offered requests:
 - **expired**: DEADLINE_EXCEEDED (in the queue, skipped by the worker, or finished late);
 - throughput and goodput are OK and good answers per second of the scenario's duration; latency
   percentiles are over OK answers, overhead included.
-Per-request figures reuse the load generator's (`bench.loadgen_stats.outcome_counts`), so a simulated and
-a measured report mean the same thing.
+Per-request figures reuse the load generator's (`sluice_inference.bench.loadgen_stats.outcome_counts`), so a
+simulated and a measured report mean the same thing.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.loadgen_stats import RequestRecord, outcome_counts
-from bench.sim.plan import RunPlan
+from sluice_inference.bench.loadgen_stats import RequestRecord, outcome_counts
+from sluice_inference.bench.sim.plan import RunPlan
 
 WORKER_DETAIL_UP_TO = 64
 """Reports list workers one by one up to this many; bigger fleets get a distribution."""

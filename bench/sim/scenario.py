@@ -5,7 +5,8 @@ the traffic (rate or load, arrival process, classes), noise and failures, the po
 variants to compare. docs/batching.md shows the format; every field below carries its meaning.
 
 Rules:
-- a scenario is data only; `bench.sim.plan` turns it (and a variant) into the arrivals of one run;
+- a scenario is data only; `sluice_inference.bench.sim.plan` turns it (and a variant)
+  into the arrivals of one run;
 - `load` is a multiple of the fleet's capacity (`capacity_rps`): full batches on every worker, each class
   in its own lane, at its share of the mix.
 """
@@ -18,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from bench.loadgen_scenario import Arrivals, ScenarioError
+from sluice_inference.bench.loadgen_scenario import Arrivals, ScenarioError
 
 MAX_ARRIVALS = 5_000_000
 """Arrival times are precomputed; more would take a lot of memory for no better figure."""

@@ -1,10 +1,10 @@
 """Sim vs reality: the same open-loop scenario on a real local cluster and in the simulator.
 
-A real cluster (`common.local_cluster.start_cluster`: etcd, a router, N workers) serves the demo
-`synthetic` model (SIMULATED device: t(b) = 5 ms + 0.5 ms·b, batches up to 32, max wait 2 ms; a worker
-sleeps through each batch on its device thread). The load generator (`bench.loadgen.run_scenario`)
-offers Poisson arrivals; the simulator replays the *same* schedule (same seed, rate, duration, class
-weights) against the same profile.
+A real cluster (`sluice_inference.common.local_cluster.start_cluster`: etcd, a router, N workers) serves the
+demo `synthetic` model (SIMULATED device: t(b) = 5 ms + 0.5 ms·b, batches up to 32, max wait 2 ms; a worker
+sleeps through each batch on its device thread). The load generator
+(`sluice_inference.bench.loadgen.run_scenario`) offers Poisson arrivals; the simulator replays the *same*
+schedule (same seed, rate, duration, class weights) against the same profile.
 
 Calibration, honestly: the simulator knows nothing of gRPC, protobuf, Python thread hand-offs or the
 load generator's own CPU. Two constants stand for all of it, both taken at one low rate
@@ -15,8 +15,10 @@ load generator's own CPU. Two constants stand for all of it, both taken at one l
 The verdict compares throughput and p50 within `TOLERANCE` at the validation rates. What grows with the
 rate (CPU contention among the processes sharing the cores) is not modelled, and shows as a gap.
 
-    python -m bench.sim.validate [--rates 100,250,400] [--calibrate-rate 50] [--duration 20] [--json out]
-    python -m bench.sim.validate --profile 20,2,8 --rates 200,400,550    # saturates 2 workers (≈ 444/s)
+    python -m sluice_inference.bench.sim.validate [--rates 100,250,400] [--calibrate-rate 50] \
+        [--duration 20] [--json out]
+    # saturates 2 workers (≈ 444/s)
+    python -m sluice_inference.bench.sim.validate --profile 20,2,8 --rates 200,400,550
 
 Everything shares this machine's cores, so stay at rates the Python gRPC path handles comfortably
 (≤ ~500 req/s on 2 cores) — above that the load generator, not the router, shapes the figures.
@@ -38,12 +40,12 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run
-from bench.sim.scenario import parse_sim_scenario
-from common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.scenario import parse_sim_scenario
+from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
 
 MAX_WAIT_MS = 2.0
 

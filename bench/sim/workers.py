@@ -21,11 +21,11 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from bench.sim.scenario import ModelSpec, Noise
-from common.errors import Code
-from router.policy.core import BUSY
-from router.policy.lanes import QueuedRequest
-from router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
+from sluice_inference.bench.sim.scenario import ModelSpec, Noise
+from sluice_inference.common.errors import Code
+from sluice_inference.router.policy.core import BUSY
+from sluice_inference.router.policy.lanes import QueuedRequest
+from sluice_inference.router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
 
 
 def class_of(request: QueuedRequest) -> int:

@@ -25,14 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from common.config import AdmissionSettings, TenantSettings
-from common.errors import InvalidArgument, Unavailable
-from router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
-from router.policy.estimators import ServiceEstimates
-from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
-from router.policy.queues import QueueBounds
-from router.policy.ratelimit import Quota, RateLimiter
-from router.policy.shares import ShareBook
+from sluice_inference.common.config import AdmissionSettings, TenantSettings
+from sluice_inference.common.errors import InvalidArgument, Unavailable
+from sluice_inference.router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
+from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.queues import QueueBounds
+from sluice_inference.router.policy.ratelimit import Quota, RateLimiter
+from sluice_inference.router.policy.shares import ShareBook
 
 AUDIT_TENANT = "__audit__"
 """Internal tenant of cache audits: unlimited quota, lowest priority (router/auditor.py)."""

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.policy.lane_stats import LaneStats
-from router.policy.lanes import Lane
+from sluice_inference.router.policy.lane_stats import LaneStats
+from sluice_inference.router.policy.lanes import Lane
 
 # Execution-time estimate for a batch of n rows of the lane being decided on.
 BatchSeconds = Callable[[int], float]

@@ -34,8 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-from common.tensors import dtype_of
-from router.policy.ratelimit import TokenBucket
+from sluice_inference.common.tensors import dtype_of
+from sluice_inference.router.policy.ratelimit import TokenBucket
 
 MAX_RELATIVE_DEVIATION = 1e-3
 """The largest batch-vs-single deviation (relative to the output's magnitude) a model version may be

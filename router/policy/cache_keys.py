@@ -9,8 +9,8 @@ Invariants (why they hold):
 - Inputs are sorted by name (their order in a request carries no meaning); requested outputs keep their
   order, because the response lists outputs in the order they were requested and a cached response must be
   byte-identical to a fresh one.
-- Input bytes are the canonical raw little-endian buffers `router.codec` produces (typed `contents` are
-  converted there), so a request sent raw and the same request sent typed share a key.
+- Input bytes are the canonical raw little-endian buffers `sluice_inference.router.codec` produces
+  (typed `contents` are converted there), so a request sent raw and the same request sent typed share a key.
 - A new model digest yields new keys: results of an old artifact are never served for a new one.
 - Scope is `"shared"` for models declared shareable, else `"tenant:<name>"`: tenant names cannot collide
   with the shared scope or with each other, so tenant B never reads tenant A's entry.

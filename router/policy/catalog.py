@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common.errors import NotFound
-from common.records import ModelRecord, WorkerRecord
+from sluice_inference.common.errors import NotFound
+from sluice_inference.common.records import ModelRecord, WorkerRecord
 
 
 def _identity(record: ModelRecord) -> dict[str, object]:

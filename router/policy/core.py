@@ -43,8 +43,8 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from common.config import AdmissionSettings, RouterSettings, TenantSettings
-from common.errors import (
+from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
+from sluice_inference.common.errors import (
     Cancelled,
     DeadlineExceeded,
     Internal,
@@ -52,19 +52,26 @@ from common.errors import (
     Unavailable,
     error_for_code,
 )
-from common.records import ModelRecord
-from router.policy.admission import AdmissionController, queue_bounds
-from router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
-from router.policy.breaker import CircuitBreaker
-from router.policy.catalog import ModelCatalog
-from router.policy.demand import Demand
-from router.policy.estimators import ServiceEstimates
-from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
-from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Learned, Served
-from router.policy.queues import Queues
-from router.policy.scheduler import Chooser, Job, make_chooser
-from router.policy.shapes import ShapeTable
-from router.policy.workers import WorkerPool, WorkerSlot
+from sluice_inference.common.records import ModelRecord
+from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
+from sluice_inference.router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
+from sluice_inference.router.policy.breaker import CircuitBreaker
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.outcomes import (
+    BatchAnswer,
+    Decision,
+    Dispatch,
+    ItemAnswer,
+    Learned,
+    Served,
+)
+from sluice_inference.router.policy.queues import Queues
+from sluice_inference.router.policy.scheduler import Chooser, Job, make_chooser
+from sluice_inference.router.policy.shapes import ShapeTable
+from sluice_inference.router.policy.workers import WorkerPool, WorkerSlot
 
 NO_WORKER_RETRY_S = 1.0
 """Hint for requests that find no worker serving their model: workers register within seconds."""

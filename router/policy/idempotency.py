@@ -38,8 +38,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from common.errors import Code, FailedPrecondition, InvalidArgument, Unavailable
-from router.policy.sealing import MAC_LEN, SealKeys
+from sluice_inference.common.errors import Code, FailedPrecondition, InvalidArgument, Unavailable
+from sluice_inference.router.policy.sealing import MAC_LEN, SealKeys
 
 MAX_KEY_LENGTH = 255
 DEFAULT_RECORD_TTL_S = 24 * 3600.0

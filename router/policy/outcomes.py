@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import SluiceError
-from router.policy.lanes import LaneKey, QueuedRequest
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.errors import Unavailable
-from router.policy.lane_stats import LaneStats
-from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.common.errors import Unavailable
+from sluice_inference.router.policy.lane_stats import LaneStats
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
 DrainSeconds = Callable[[LaneKey], float]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from common.errors import ResourceExhausted
-from router.policy.shares import Shares, equal_shares
+from sluice_inference.common.errors import ResourceExhausted
+from sluice_inference.router.policy.shares import Shares, equal_shares
 
 
 @dataclass(slots=True)

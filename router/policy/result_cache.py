@@ -23,8 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.errors import InvalidArgument
-from router.policy.sealing import MAC_LEN, SealKeys
+from sluice_inference.common.errors import InvalidArgument
+from sluice_inference.router.policy.sealing import MAC_LEN, SealKeys
 
 ENTRY_OVERHEAD_BYTES = 128
 """Approximate per-entry cost of the dict slot, the record and the key object, charged against capacity

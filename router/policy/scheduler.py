@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.policy.workers import IndexedSet, WorkerSlot
+from sluice_inference.router.policy.workers import IndexedSet, WorkerSlot
 
 SAMPLE_ABOVE = 4
 

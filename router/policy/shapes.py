@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from router.policy.lanes import LaneKey
+from sluice_inference.router.policy.lanes import LaneKey
 
 MAX_SHAPES_PER_MODEL = 256
 """Lane shapes with state per model, across its versions. A model with bucketed variable dims has a few;

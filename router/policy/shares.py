@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from router.policy.demand import NO_DEMAND, Demand
+from sluice_inference.router.policy.demand import NO_DEMAND, Demand
 
 OWN_GRACE_S = 0.05
 """How long after its record is written a router waits before counting a higher demand of its own: etcd

@@ -1,5 +1,6 @@
 """The two-tier result cache: a per-router byte-bounded LRU (tier 1) in front of an optional shared Redis
-(tier 2). Keys come from `router.policy.cache_keys`, values from `router.policy.result_cache.encode_entry`.
+(tier 2). Keys come from `sluice_inference.router.policy.cache_keys`, values from
+`sluice_inference.router.policy.result_cache.encode_entry`.
 
 Invariants:
 - `get` and `put` never raise for Redis trouble: an unreachable, slow or failing Redis is a miss (counted,
@@ -35,9 +36,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from common.clock import Clock, MonotonicClock
-from common.errors import Unavailable
-from router.policy.result_cache import (
+from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.errors import Unavailable
+from sluice_inference.router.policy.result_cache import (
     ByteLRU,
     CachedResult,
     Rejected,
@@ -45,8 +46,8 @@ from router.policy.result_cache import (
     encode_entry,
     purge_tag,
 )
-from router.policy.sealing import SealKeys
-from router.stores.redis_conn import REDIS_ERRORS, Outage
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.redis_conn import REDIS_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 

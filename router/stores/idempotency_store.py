@@ -1,5 +1,5 @@
 """Idempotency stores: where records live and how waiters learn an outcome. Decisions come from
-`router.policy.idempotency`; these classes only read, write, wait and wake.
+`sluice_inference.router.policy.idempotency`; these classes only read, write, wait and wake.
 
 Two implementations of `IdempotencyStore`:
 - `InProcessIdempotencyStore` (the embedded default): an `IdempotencyTable` plus one asyncio Event per key
@@ -42,9 +42,9 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from common.clock import Clock, MonotonicClock
-from common.errors import DeadlineExceeded, Unavailable
-from router.policy.idempotency import (
+from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.errors import DeadlineExceeded, Unavailable
+from sluice_inference.router.policy.idempotency import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
     DEFAULT_RECORD_TTL_S,
@@ -70,8 +70,8 @@ from router.policy.idempotency import (
     on_wake,
     store_down_error,
 )
-from router.policy.sealing import SealKeys
-from router.stores.redis_conn import REDIS_ERRORS, Outage, Subscriber
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.redis_conn import REDIS_ERRORS, Outage, Subscriber
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from common.clock import Clock, MonotonicClock
+from sluice_inference.common.clock import Clock, MonotonicClock
 
 log = logging.getLogger(__name__)
 

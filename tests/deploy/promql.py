@@ -18,8 +18,8 @@ def _exported() -> dict[str, str]:
     """name -> Prometheus type, read from the router's and the worker's own metric registries (so this
     list cannot drift from the code). Counters are exported with their `_total` suffix; histograms are
     read through their _bucket/_sum/_count series."""
-    from router.metrics import RouterMetrics
-    from worker.metrics import WorkerMetrics
+    from sluice_inference.router.metrics import RouterMetrics
+    from sluice_inference.worker.metrics import WorkerMetrics
 
     found: dict[str, str] = {}
     for registry in (RouterMetrics().registry, WorkerMetrics().registry):

@@ -1,10 +1,10 @@
 """The `sluice` command lines in rendered pods, read with the real CLI parser, and the config they load.
 
 Why the real parser: a probe, hook or container that calls a subcommand or flag the CLI lacks fails only on
-a live cluster (a pod that never turns ready, a drain that never runs). Parsing each one with `cli.main`'s
-own parser catches that here, and gives the tests the parsed values (ports, timeouts, worker id) instead of
-a second reading of the flags. `_build_parser` and `_overrides` are private to cli/; using them keeps one
-definition of the CLI's rules.
+a live cluster (a pod that never turns ready, a drain that never runs). Parsing each one with
+`sluice_inference.cli.main`'s own parser catches that here, and gives the tests the parsed values
+(ports, timeouts, worker id) instead of a second reading of the flags. `_build_parser` and `_overrides` are
+private to cli/; using them keeps one definition of the CLI's rules.
 
 The effective config of a container is what `sluice --config FILE ...` would load there: the mounted
 ConfigMap key, then the container's SLUICE_* environment (literal values and envFrom Secrets/ConfigMaps),
@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cli.main import _build_parser, _overrides
-from common.config import SluiceConfig, load_config
+from sluice_inference.cli.main import _build_parser, _overrides
+from sluice_inference.common.config import SluiceConfig, load_config
 from tests.deploy.rendering import Obj, Rendered, containers, image_repository, pod_spec, ref
 
 SLUICE_IMAGE = "sluice"

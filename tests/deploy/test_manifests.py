@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import ConfigError
-from common.dev_token import DEV_CLUSTER_TOKEN, refuse_dev_token
+from sluice_inference.common.config import ConfigError
+from sluice_inference.common.dev_token import DEV_CLUSTER_TOKEN, refuse_dev_token
 from tests.deploy import crossrefs, schemas
 from tests.deploy.rendering import (
     DEPLOY,

@@ -2,9 +2,9 @@
 
 docs/security.md ("Limits") lists what a router may hold: its baseline, the in-flight byte budget (queued
 inputs included), bodies being received, the result cache and in-process idempotency records. Each is a
-config bound; `common.config.router_memory_bound` adds them up from the config each overlay mounts, and
-the sum must stay below the container's `resources.limits.memory`, or a hostile load could get the pod
-OOM-killed instead of refused.
+config bound; `sluice_inference.common.config.router_memory_bound` adds them up from the config each overlay
+mounts, and the sum must stay below the container's `resources.limits.memory`, or a hostile load could get the
+pod OOM-killed instead of refused.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import SluiceConfig, router_memory_bound
+from sluice_inference.common.config import SluiceConfig, router_memory_bound
 from tests.deploy.rendering import OVERLAYS, Obj, Rendered, containers, pod_spec
 from tests.deploy.sluice_cli import effective_config
 

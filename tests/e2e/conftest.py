@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.local_cluster import free_port
+from sluice_inference.common.local_cluster import free_port
 from tests.support.processes import find_pids, wait_until
 
 
@@ -66,7 +66,7 @@ def shell_command(line: str) -> tuple[dict[str, str], list[str]]:
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     assert words[:1] == ["sluice"], line
-    return env, [sys.executable, "-m", "cli", *words[1:]]
+    return env, [sys.executable, "-m", "sluice_inference.cli", *words[1:]]
 
 
 @contextlib.contextmanager
@@ -75,8 +75,9 @@ def local_cluster(repository: Path, log_dir: Path, *extra: str) -> Iterator[Clus
     stopped with SIGINT (Ctrl-C), which must leave no process behind."""
     port, metrics_port, etcd_port = free_port(), free_port(), free_port()
     argv = [
-        sys.executable, "-m", "cli", "up", "--repository", str(repository), "--port", str(port),
-        "--metrics-port", str(metrics_port), "--etcd-port", str(etcd_port), "--log-dir", str(log_dir), *extra,
+        sys.executable, "-m", "sluice_inference.cli", "up", "--repository", str(repository), "--port",
+        str(port), "--metrics-port", str(metrics_port), "--etcd-port", str(etcd_port), "--log-dir",
+        str(log_dir), *extra,
     ]  # fmt: skip
     with (log_dir / "up.log").open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

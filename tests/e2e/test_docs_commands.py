@@ -45,11 +45,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.main import _build_parser
-from cli.sim_cmd import run_sim
-from common.config import load_config
-from common.local_cluster import free_port
-from router.policy.tenants import hash_api_key
+from sluice_inference.cli.main import _build_parser
+from sluice_inference.cli.sim_cmd import run_sim
+from sluice_inference.common.config import load_config
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.e2e.conftest import Cluster, local_cluster
 from tests.support.processes import wait_until
 
@@ -226,8 +226,9 @@ class Live:
             self.deployment = f"127.0.0.1:{free_port()}"
             config = REPO / "bench" / "scenarios" / "cluster-tenants.yaml"
             argv = [
-                sys.executable, "-m", "cli", "router", "--config", str(config), "--listen", self.deployment,
-                "--metrics-port", "0", "--etcd", self.value("etcd"), "--router-id", "docs-deployment",
+                sys.executable, "-m", "sluice_inference.cli", "router", "--config", str(config), "--listen",
+                self.deployment, "--metrics-port", "0", "--etcd", self.value("etcd"), "--router-id",
+                "docs-deployment",
             ]  # fmt: skip
             env = {**os.environ, **self.cluster.token_env()}
             env["SLUICE_ROUTER__ADMIN_KEYS"] = json.dumps([hash_api_key(ADMIN_KEY)])
@@ -384,7 +385,7 @@ def run(live: Live, argv: list[str], env: dict[str, str]) -> subprocess.Complete
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         environ["SLUICE_ETCD__ENDPOINTS"] = json.dumps([live.value("etcd")])
         live.ran[key] = subprocess.run(
-            [sys.executable, "-m", "cli", *argv],
+            [sys.executable, "-m", "sluice_inference.cli", *argv],
             cwd=live.workdir,
             env={**environ, **env},
             capture_output=True,

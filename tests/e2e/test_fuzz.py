@@ -28,10 +28,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.support.processes import find_pids, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -78,8 +78,8 @@ def fuzz_cluster(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     work = tmp_path_factory.mktemp("fuzz")
     port, etcd_port = free_port(), free_port()
     argv = [
-        sys.executable, "-m", "cli", "--config", str(write_config(work / "sluice.yaml")), "up",
-        "--repository", str(demo_repo), "--workers", "1", "--port", str(port), "--metrics-port",
+        sys.executable, "-m", "sluice_inference.cli", "--config", str(write_config(work / "sluice.yaml")),
+        "up", "--repository", str(demo_repo), "--workers", "1", "--port", str(port), "--metrics-port",
         str(free_port()), "--etcd-port", str(etcd_port), "--log-dir", str(work),
     ]  # fmt: skip
     with (work / "up.log").open("wb") as out:

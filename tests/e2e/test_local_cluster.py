@@ -26,10 +26,10 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.calibration import RouterSpeed, measure_router, one_row_request
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.bench.calibration import RouterSpeed, measure_router, one_row_request
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from tests.e2e.conftest import Cluster, shell_command
 from tests.support.processes import find_pids, wait_until
 
@@ -119,7 +119,7 @@ def test_500_requests_match_the_artifact_and_are_batched(cluster: Cluster, route
 def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI as a user would (with extra environment variables)."""
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "sluice_inference.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

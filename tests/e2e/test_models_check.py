@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def check(repository: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "cli", "models", "check", str(repository), *flags]
+    argv = [sys.executable, "-m", "sluice_inference.cli", "models", "check", str(repository), *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -8,9 +8,10 @@ without it, both collapse.
 The regime is worker-bound: the worker is what 3 x C exhausts, the router keeps headroom. Rates are not
 fixed in req/s but derived at the start from a measurement on this machine (the `calibration` fixture:
 the router path driven flat out, bench/calibration.py): C, the model's speed and the deadline follow from
-the time scale s that keeps 3 x C within 40 % of it (`bench.overload.HEADROOM`; s = 1 on a fast enough
-machine: C ≈ 222 req/s, 500 ms). The calibration is printed (pytest -s) and recorded in each report under
-router.calibration. tests/slow_machine.sh runs this file with the CPU limited (docs/benchmarks.md).
+the time scale s that keeps 3 x C within 40 % of it (`sluice_inference.bench.overload.HEADROOM`; s = 1 on a
+fast enough machine: C ≈ 222 req/s, 500 ms). The calibration is printed (pytest -s) and recorded in each
+report under router.calibration. tests/slow_machine.sh runs this file with the CPU limited
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bench.overload import LANE_BOUND, Calibration, calibrate, comparison_table, run_once
+from sluice_inference.bench.overload import LANE_BOUND, Calibration, calibrate, comparison_table, run_once
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.local_cluster import free_port
+from sluice_inference.common.local_cluster import free_port
 from tests.e2e.conftest import banner_line, interrupt, shell_command
 from tests.support.processes import wait_until
 
@@ -35,7 +35,11 @@ print(result.as_numpy("output").shape)
 def sluice(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "sluice_inference.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -49,8 +53,8 @@ def test_sluice_up_tls_end_to_end(demo_repo: Path, tmp_path: Path) -> None:
     port, metrics_port, etcd_port = free_port(), free_port(), free_port()
     log = tmp_path / "up.log"
     argv = [
-        sys.executable, "-m", "cli", "up", "--tls", "--certs", str(certs), "--repository", str(demo_repo),
-        "--workers", "1", "--port", str(port), "--metrics-port", str(metrics_port),
+        sys.executable, "-m", "sluice_inference.cli", "up", "--tls", "--certs", str(certs), "--repository",
+        str(demo_repo), "--workers", "1", "--port", str(port), "--metrics-port", str(metrics_port),
         "--etcd-port", str(etcd_port), "--log-dir", str(tmp_path / "logs"),
     ]  # fmt: skip
     with log.open("wb") as out:

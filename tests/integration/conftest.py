@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
-from router.main import RouterServer
+from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
+from sluice_inference.router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import WorkerProcess
 from tests.support.redis_server import RedisServer, redis_server_fixture

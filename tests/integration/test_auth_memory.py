@@ -18,10 +18,10 @@ import grpc
 import pytest
 import yaml
 
-from common.config import EtcdSettings
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2 as kserve
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.support.processes import etcd_env, wait_until
 
 pytestmark = pytest.mark.integration
@@ -60,8 +60,8 @@ def keyed_router(
     config = tmp_path / "sluice.yaml"
     config.write_text(yaml.safe_dump({"tenants": {"gold": {"api_keys": [hash_api_key("gold-key")]}}}))
     port = free_port()
-    argv = [sys.executable, "-m", "cli", "--config", str(config), "router", "--listen", f"127.0.0.1:{port}",
-            "--metrics-port", "0"]  # fmt: skip
+    argv = [sys.executable, "-m", "sluice_inference.cli", "--config", str(config), "router", "--listen",
+            f"127.0.0.1:{port}", "--metrics-port", "0"]  # fmt: skip
     env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token}
     with (tmp_path / "router.log").open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -17,19 +17,19 @@ import yaml
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
-from common.cluster_auth import STATUS_METHOD, ClusterClient
-from common.config import CacheSettings, RedisSettings, TenantSettings
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
-from router.calls import InferResult, Tensor
-from router.codec import decode_call, plain_parameters
-from router.kserve_codec import call_from_request
-from router.main import RouterServer
-from router.policy.result_cache import encode_entry
-from router.policy.sealing import SealKeys
-from router.policy.tenants import hash_api_key
-from router.stored_results import encode_result
+from sluice_inference.common.cluster_auth import STATUS_METHOD, ClusterClient
+from sluice_inference.common.config import CacheSettings, RedisSettings, TenantSettings
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.router.calls import InferResult, Tensor
+from sluice_inference.router.codec import decode_call, plain_parameters
+from sluice_inference.router.kserve_codec import call_from_request
+from sluice_inference.router.main import RouterServer
+from sluice_inference.router.policy.result_cache import encode_entry
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.policy.tenants import hash_api_key
+from sluice_inference.router.stored_results import encode_result
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import WorkerProcess, eventually
 from tests.support.redis_server import RedisServer

@@ -1,7 +1,8 @@
 """The client library against a real grpc.aio server on a loopback port: retries, hints, keys, decoding.
 
 The server fails the first N attempts with UNAVAILABLE and the trailers the router sends (built by
-`common.grpc_errors.trailers_for`), then answers y = 2x + 1; it records every attempt's metadata and time.
+`sluice_inference.common.grpc_errors.trailers_for`), then answers y = 2x + 1; it records every attempt's
+metadata and time.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from bench.loadgen_sink import Context, SinkServer, SinkServicer
-from common.client import RetryBudget, SluiceClient, SyncSluiceClient
-from common.errors import InvalidArgument, SluiceError, Unavailable
-from common.grpc_errors import grpc_code, trailers_for
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.tensors import from_raw
+from sluice_inference.bench.loadgen_sink import Context, SinkServer, SinkServicer
+from sluice_inference.common.client import RetryBudget, SluiceClient, SyncSluiceClient
+from sluice_inference.common.errors import InvalidArgument, SluiceError, Unavailable
+from sluice_inference.common.grpc_errors import grpc_code, trailers_for
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.tensors import from_raw
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import EtcdSettings
-from common.dev_token import DEV_CLUSTER_TOKEN
-from common.etcd import WORKERS, open_client
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.dev_token import DEV_CLUSTER_TOKEN
+from sluice_inference.common.etcd import WORKERS, open_client
 from tests.support.processes import etcd_env
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,16 @@ pytestmark = pytest.mark.integration
 def start_worker(
     demo_repo: Path, etcd: EtcdSettings, log: Path, *flags: str, token: str = DEV_CLUSTER_TOKEN
 ) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "cli", "worker", "--repository", str(demo_repo), "--models", "synthetic"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sluice_inference.cli",
+        "worker",
+        "--repository",
+        str(demo_repo),
+        "--models",
+        "synthetic",
+    ]
     env = {**etcd_env(etcd), "SLUICE_CLUSTER__TOKEN": token}
     with log.open("wb") as out:
         return subprocess.Popen(

@@ -12,18 +12,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cli.commands import EXIT_NOT_SERVING, health
-from common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
-from common.etcd import worker_key
-from common.exit_codes import EXIT_DEVICE_FAULT
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.sluice.v1 import worker_pb2
+from sluice_inference.cli.commands import EXIT_NOT_SERVING, health
+from sluice_inference.common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
+from sluice_inference.common.etcd import worker_key
+from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.worker.main import WorkerProcess
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_etcd import read_key
 from tests.integration.test_failures import call, request
 from tests.support.processes import eventually
 from tests.unit.worker.fakes import synthetic_config, write_model
-from worker.main import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

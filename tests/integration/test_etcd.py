@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import EtcdSettings
-from common.etcd import (
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import (
     ROUTERS,
     WORKERS,
     EtcdUnavailable,
@@ -26,8 +26,8 @@ from common.etcd import (
     router_key,
     worker_key,
 )
-from common.etcd_watch import watch_prefix_snapshots
-from common.local_cluster import free_port
+from sluice_inference.common.etcd_watch import watch_prefix_snapshots
+from sluice_inference.common.local_cluster import free_port
 from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -229,8 +229,8 @@ async def test_start_raises_when_etcd_is_unreachable() -> None:
 
 _OWNER_SCRIPT = """
 import asyncio, sys
-from common.config import EtcdSettings
-from common.etcd import LeasedKey
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import LeasedKey
 
 async def main() -> None:
     key = LeasedKey(EtcdSettings.model_validate_json(sys.argv[1]), sys.argv[2], b"alive")

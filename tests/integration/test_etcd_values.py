@@ -10,15 +10,15 @@ import grpc
 import numpy as np
 import pytest
 
-from common.clock import MonotonicClock
-from common.config import EtcdSettings, TenantSettings
-from common.etcd import ROUTERS, TENANTS, open_client
-from common.etcd_watch import MAX_VALUE_BYTES, WatchHealth, follow_prefix
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.peers import router_record
-from router.policy.demand import Demand
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.config import EtcdSettings, TenantSettings
+from sluice_inference.common.etcd import ROUTERS, TENANTS, open_client
+from sluice_inference.common.etcd_watch import MAX_VALUE_BYTES, WatchHealth, follow_prefix
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.peers import router_record
+from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter
 from tests.support.processes import eventually
 

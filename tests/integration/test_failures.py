@@ -12,13 +12,13 @@ import grpc
 import numpy as np
 import pytest
 
-from common.config import EtcdSettings
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.main import RouterServer
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.main import RouterServer
+from sluice_inference.worker.backends.synthetic import POISON
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually
-from worker.backends.synthetic import POISON
 
 pytestmark = pytest.mark.integration
 

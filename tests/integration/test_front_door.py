@@ -17,11 +17,11 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from common.config import RouterSettings
-from common.grpc_errors import PUSHBACK_KEY, REASON_KEY
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.main import RouterServer
-from router.policy.door import RETRY_AFTER_S
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.main import RouterServer
+from sluice_inference.router.policy.door import RETRY_AFTER_S
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_hostile_clients import synthetic_request
 from tests.support.processes import eventually

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.calibration import scale_for
-from router.main import RouterServer
+from sluice_inference.bench.calibration import scale_for
+from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.calibration import router_path_speed
 from tests.support.processes import eventually
@@ -89,7 +89,7 @@ async def short_p99(router: RouterServer, folder: Path, scale: float, *, with_lo
     scenario, report_path = folder / "load.yaml", folder / "report.json"
     scenario.write_text(yaml.safe_dump(load))
     bench = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "bench", str(scenario), "--json", str(report_path),
+        sys.executable, "-m", "sluice_inference.cli", "bench", str(scenario), "--json", str(report_path),
         stdout=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     assert await asyncio.wait_for(bench.wait(), BENCH_TIMEOUT_S * scale) == 0

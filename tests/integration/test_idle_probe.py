@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from common.config import RouterSettings
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from tests.integration.conftest import MakeRouter
 from tests.integration.test_hostile_clients import synthetic_request
 

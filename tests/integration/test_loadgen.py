@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.loadgen import run_scenario
-from bench.loadgen_ceiling import measure_ceiling
-from bench.loadgen_scenario import parse_scenario
-from bench.loadgen_sink import SinkServer, SinkServicer
-from cli.bench_cmd import add_bench_parser, run_bench
-from cli.main import _Parser
-from common.config import load_config
-from common.local_cluster import free_port
-from router.policy.tenants import hash_api_key
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_ceiling import measure_ceiling
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.loadgen_sink import SinkServer, SinkServicer
+from sluice_inference.cli.bench_cmd import add_bench_parser, run_bench
+from sluice_inference.cli.main import _Parser
+from sluice_inference.common.config import load_config
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter
 
 pytestmark = pytest.mark.integration

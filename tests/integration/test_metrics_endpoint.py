@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from common.metrics import MetricsEndpoint, listen_host
+from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.grpc_server import MAX_PING_STRIKES
-from router.worker_link import KEEPALIVE_OPTIONS
+from sluice_inference.common.grpc_server import MAX_PING_STRIKES
+from sluice_inference.router.worker_link import KEEPALIVE_OPTIONS
+from sluice_inference.worker.main import MIN_PING_INTERVAL_MS
 from tests.integration.conftest import MakeRouter
-from worker.main import MIN_PING_INTERVAL_MS
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,11 @@ import grpc
 import numpy as np
 import pytest
 
-from common.config import EtcdSettings, TenantSettings
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.main import RouterServer
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.config import EtcdSettings, TenantSettings
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.main import RouterServer
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import eventually

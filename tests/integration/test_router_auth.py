@@ -11,13 +11,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import RouterSettings, TenantSettings
-from common.grpc_errors import REASON_KEY
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
-from router.main import RouterServer
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.config import RouterSettings, TenantSettings
+from sluice_inference.common.grpc_errors import REASON_KEY
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.router.main import RouterServer
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.processes import eventually
 

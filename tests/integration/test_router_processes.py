@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from common.config import EtcdSettings
-from common.etcd import ROUTERS, open_client
-from common.local_cluster import free_port
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import ROUTERS, open_client
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from tests.integration.conftest import Spawn
 from tests.integration.test_hostile_clients import synthetic_request
 from tests.support.processes import etcd_env, eventually, find_pids
@@ -43,8 +43,8 @@ async def registered_routers(settings: EtcdSettings) -> set[str]:
 @pytest.fixture
 def routers(etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path) -> Iterator[tuple[int, Popen]]:
     port = free_port()
-    argv = [sys.executable, "-m", "cli", "router", "--processes", "2", "--listen", f"127.0.0.1:{port}",
-            "--metrics-port", "0", "--router-id", f"r{port}"]  # fmt: skip
+    argv = [sys.executable, "-m", "sluice_inference.cli", "router", "--processes", "2", "--listen",
+            f"127.0.0.1:{port}", "--metrics-port", "0", "--router-id", f"r{port}"]  # fmt: skip
     env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token}
     with (tmp_path / "routers.log").open("wb") as log:
         parent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -54,7 +54,7 @@ def routers(etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path) -> 
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
-        for pid in find_pids("-m cli router", f"--router-id r{port}"):
+        for pid in find_pids("-m sluice_inference.cli router", f"--router-id r{port}"):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -106,14 +106,17 @@ async def test_two_processes_serve_one_port_restart_a_dead_child_and_stop_togeth
     assert await registered_routers(etcd_settings) == ids  # one registration per process
     assert await answered(port, 16) == [OK] * 16
 
-    [first] = find_pids("-m cli router", f"--router-id r{port}-0")
+    [first] = find_pids("-m sluice_inference.cli router", f"--router-id r{port}-0")
     os.kill(first, signal.SIGKILL)
     # a connection the kernel handed to the dying child before it exited fails (UNAVAILABLE, retryable)
     await eventually(lambda: exited(first), 10, "the killed child to exit")
     assert await answered(port, 8) == [OK] * 8  # the other child serves meanwhile
-    await eventually(lambda: find_pids("-m cli router", f"--router-id r{port}-0") not in ([], [first]), 30,
-                     "the dead child to be started again")  # fmt: skip
+    await eventually(
+        lambda: find_pids("-m sluice_inference.cli router", f"--router-id r{port}-0") not in ([], [first]),
+        30,
+        "the dead child to be started again",
+    )
 
     parent.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(parent.wait, 40) == 0
-    assert find_pids("-m cli router", f"--router-id r{port}") == []
+    assert find_pids("-m sluice_inference.cli router", f"--router-id r{port}") == []

@@ -14,11 +14,11 @@ import grpc
 import numpy as np
 import pytest
 
-from common.config import EtcdSettings
-from common.etcd import WORKERS, open_client
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.main import RouterServer
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import WORKERS, open_client
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import eventually

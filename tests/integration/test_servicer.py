@@ -12,15 +12,15 @@ import grpc
 import numpy as np
 import pytest
 
-from common.config import RouterSettings
-from common.errors import Unavailable
-from common.grpc_errors import PUSHBACK_KEY, REASON_KEY
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from router.calls import InferCall, InferResult
-from router.dataplane import DataPlane
-from router.edge import MalformedBodies, add_service
-from router.servicer import InferenceServicer
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.errors import Unavailable
+from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.calls import InferCall, InferResult
+from sluice_inference.router.dataplane import DataPlane
+from sluice_inference.router.edge import MalformedBodies, add_service
+from sluice_inference.router.servicer import InferenceServicer
 from tests.support.dataplane import GOLD_KEY, Plane, make_plane
 
 pytestmark = pytest.mark.integration

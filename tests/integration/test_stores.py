@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from common.clock import MonotonicClock
-from common.errors import Code, SluiceError
-from router.policy.cache_keys import TensorBytes, cache_key, cache_scope, request_fingerprint
-from router.policy.idempotency import (
+from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.router.policy.cache_keys import TensorBytes, cache_key, cache_scope, request_fingerprint
+from sluice_inference.router.policy.idempotency import (
     Conflict,
     Proceed,
     Record,
@@ -34,12 +34,12 @@ from router.policy.idempotency import (
     encode_record,
     scoped_key,
 )
-from router.policy.result_cache import CachedResult, encode_entry
-from router.policy.sealing import SealKeys
-from router.stores.cache_store import ResultCacheStore
-from router.stores.coalescer import Coalescer
-from router.stores.idempotency_store import RedisIdempotencyStore, acquire
-from router.stores.redis_conn import RedisOptions, open_redis
+from sluice_inference.router.policy.result_cache import CachedResult, encode_entry
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.stores.coalescer import Coalescer
+from sluice_inference.router.stores.idempotency_store import RedisIdempotencyStore, acquire
+from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -348,7 +348,7 @@ async def test_purge_model_and_version(routers: Routers) -> None:
 async def test_redis_stopped_mid_run(
     routers: Routers, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="router.stores.redis_conn")
+    caplog.set_level(logging.INFO, logger="sluice_inference.router.stores.redis_conn")
     idem, cache = routers.idempotency(), routers.cache()
     owner = await idem.claim(SK, FP, lease_s=30)
     assert isinstance(owner, Proceed)
@@ -369,7 +369,11 @@ async def test_redis_stopped_mid_run(
     await within(1.0, cache.put(key_for("gold"), OUTPUT, model="mlp", model_version="1"))
     assert not await idem.complete(owner.ticket, OK)  # never raises
     assert idem.outage.down and cache.stats.redis_down
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("router")]
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name.startswith("sluice_inference.router")
+    ]
     assert len(warnings) == 2, warnings  # once per store for the whole outage, not once per call
     redis_server.start()
     await _eventually_claims(idem)

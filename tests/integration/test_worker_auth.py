@@ -22,14 +22,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
-from common.cluster_auth import STATUS_METHOD, STREAM_METHOD, ClusterClient, challenge
-from common.cluster_proof import derive_key, server_transcript
-from common.config import ClusterSettings, EtcdSettings, RouterSettings
-from common.dev_certs import write_dev_certs
-from common.etcd import WORKERS, EtcdUnavailable, open_client, worker_key
-from common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
-from common.records import WorkerRecord
+from sluice_inference.common.cluster_auth import STATUS_METHOD, STREAM_METHOD, ClusterClient, challenge
+from sluice_inference.common.cluster_proof import derive_key, server_transcript
+from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings
+from sluice_inference.common.dev_certs import write_dev_certs
+from sluice_inference.common.etcd import WORKERS, EtcdUnavailable, open_client, worker_key
+from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from sluice_inference.common.records import WorkerRecord
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_cache_idempotency import synthetic_request
 from tests.support.processes import WorkerProcess, eventually

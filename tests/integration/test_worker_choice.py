@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import pytest
 
-from bench.calibration import scale_for
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
-from common.cluster_auth import STATUS_METHOD, ClusterClient
-from common.config import RouterSettings
-from common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
-from router.main import RouterServer
+from sluice_inference.bench.calibration import scale_for
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.common.cluster_auth import STATUS_METHOD, ClusterClient
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.calibration import router_path_speed
 from tests.support.processes import eventually

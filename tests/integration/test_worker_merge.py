@@ -25,12 +25,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.calibration import scale_for
-from bench.loadgen import run_scenario
-from bench.loadgen_scenario import parse_scenario
-from common.config import RouterSettings
-from common.local_cluster import free_port
-from router.main import RouterServer
+from sluice_inference.bench.calibration import scale_for
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.local_cluster import free_port
+from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.calibration import router_path_speed
 

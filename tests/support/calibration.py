@@ -14,8 +14,8 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
-from bench.calibration import RouterSpeed, measure_router, one_row_request
-from router.main import RouterServer
+from sluice_inference.bench.calibration import RouterSpeed, measure_router, one_row_request
+from sluice_inference.router.main import RouterServer
 from tests.support.processes import WorkerProcess, eventually
 
 INSTANT = 1e-3

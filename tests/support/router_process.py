@@ -12,8 +12,8 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import EtcdSettings
-from common.local_cluster import free_port
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.local_cluster import free_port
 from tests.support.processes import etcd_env
 
 
@@ -28,8 +28,9 @@ class RouterProcess:
         self.log_path = log_dir / f"{router_id}.log"
         config_path = log_dir / f"{router_id}.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        argv = [sys.executable, "-m", "cli", "--config", str(config_path), "router", "--router-id", router_id,
-                "--listen", f"127.0.0.1:{self.port}", "--metrics-port", "0"]  # fmt: skip
+        argv = [sys.executable, "-m", "sluice_inference.cli", "--config", str(config_path), "router",
+                "--router-id", router_id, "--listen", f"127.0.0.1:{self.port}", "--metrics-port",
+                "0"]  # fmt: skip
         env = {**etcd_env(etcd), "SLUICE_CLUSTER__TOKEN": token}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -22,7 +22,7 @@ import torch
 import yaml
 from torch import nn
 
-from worker.demo_onnx import mlp_onnx_bytes
+from sluice_inference.worker.demo_onnx import mlp_onnx_bytes
 
 WIDTH_IN, HIDDEN, WIDTH_OUT = 16, 32, 4
 MAX_BATCH = 8

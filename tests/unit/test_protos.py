@@ -13,8 +13,8 @@ import sys
 import pytest
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 
-from common import protogen
-from common.pb.inference import grpc_service_pb2 as ours
+from sluice_inference.common import protogen
+from sluice_inference.common.pb.inference import grpc_service_pb2 as ours
 
 _DUMP_TRITON = """
 import json

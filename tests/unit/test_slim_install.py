@@ -18,8 +18,10 @@ from pathlib import Path
 from tests.support.triton_repo import TOY_YAML
 
 ENTRY_MODULES = [
-    "router.main", "common.client", "cli.main", "cli.commands", "cli.admin_cmds", "cli.bench_cmd",
-    "cli.sim_cmd", "cli.cluster", "cli.models_check", "bench.loadgen", "common.local_cluster",
+    "sluice_inference.router.main", "sluice_inference.common.client", "sluice_inference.cli.main",
+    "sluice_inference.cli.commands", "sluice_inference.cli.admin_cmds", "sluice_inference.cli.bench_cmd",
+    "sluice_inference.cli.sim_cmd", "sluice_inference.cli.cluster", "sluice_inference.cli.models_check",
+    "sluice_inference.bench.loadgen", "sluice_inference.common.local_cluster",
 ]  # fmt: skip
 HEAVY = ("torch", "onnxruntime", "onnx")
 
@@ -37,7 +39,7 @@ from importlib.metadata import packages_distributions
 already = {m.split(".")[0] for m in sys.modules}  # the interpreter's own start-up (site hooks)
 for name in sys.argv[1:]:
     importlib.import_module(name)
-ours = {"common", "router", "worker", "cli", "bench", "tests"}
+ours = {"sluice_inference", "tests"}
 tops = {m.split(".")[0] for m in sys.modules} - already - set(sys.stdlib_module_names) - ours
 found = packages_distributions()
 print(json.dumps({top: found[top] for top in sorted(tops) if top in found}))
@@ -57,7 +59,7 @@ class NoTorch:
         return None
 
 sys.meta_path.insert(0, NoTorch())
-from cli.main import main
+from sluice_inference.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from worker.backends.base import Backend
-from worker.backends.boundary import at_boundary
-from worker.backends.synthetic import SyntheticBackend
-from worker.backends.torch_export import TorchExportBackend
-from worker.backends.torchscript import TorchScriptBackend
-from worker.repository import ModelVersionSpec, RepositoryError
+from sluice_inference.worker.backends.base import Backend
+from sluice_inference.worker.backends.boundary import at_boundary
+from sluice_inference.worker.backends.synthetic import SyntheticBackend
+from sluice_inference.worker.backends.torch_export import TorchExportBackend
+from sluice_inference.worker.backends.torchscript import TorchScriptBackend
+from sluice_inference.worker.repository import ModelVersionSpec, RepositoryError
 
 __all__ = ["Backend", "load_backend", "model_device"]
 
@@ -67,6 +67,6 @@ def _load(spec: ModelVersionSpec, artifact: Path, device: str) -> Backend:
         return TorchExportBackend(artifact, device, outputs)
     if config.backend == "torchscript":
         return TorchScriptBackend(artifact, device, inputs, outputs, config.batching.mask_input)
-    from worker.backends.onnx_runtime import OnnxRuntimeBackend
+    from sluice_inference.worker.backends.onnx_runtime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(artifact, device, config)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-# Protocol datatype → torch dtype (the same element types as common.tensors.DATATYPES).
+# Protocol datatype → torch dtype (the same element types as sluice_inference.common.tensors.DATATYPES).
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
     "UINT8": torch.uint8,

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from worker.backends.base import Backend
-from worker.model_config import ModelConfig
+from sluice_inference.worker.backends.base import Backend
+from sluice_inference.worker.model_config import ModelConfig
 
 
 def at_boundary(backend: Backend, config: ModelConfig, device: str, worker_device: str) -> Backend:

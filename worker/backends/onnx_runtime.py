@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from worker.model_config import DeviceKind, ModelConfig
+from sluice_inference.worker.model_config import DeviceKind, ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 import torch
 
-from worker.backends.base import TORCH_DTYPES
-from worker.model_config import ModelConfig
+from sluice_inference.worker.backends.base import TORCH_DTYPES
+from sluice_inference.worker.model_config import ModelConfig
 
 POISON = -12345.0
 SIMULATED_FAULT = "CUDA error: device-side assert triggered (SIMULATED by synthetic.fault_trigger)"

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.export.passes import move_to_device_pass
 
-from worker.backends.base import name_outputs
+from sluice_inference.worker.backends.base import name_outputs
 
 
 class TorchExportBackend:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from worker.backends.base import name_outputs
+from sluice_inference.worker.backends.base import name_outputs
 
 _POSITIONAL = re.compile(r"^.+__(\d+)$")
 

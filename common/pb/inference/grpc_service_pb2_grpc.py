@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from common.pb.inference import grpc_service_pb2 as inference_dot_grpc__service__pb2
+from sluice_inference.common.pb.inference import grpc_service_pb2 as inference_dot_grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__

@@ -10,7 +10,7 @@ Sluice router unchanged; tests/unit/test_wire_compat.py checks this against trit
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from common.pb.inference import grpc_service_pb2 as _grpc_service_pb2
+from sluice_inference.common.pb.inference import grpc_service_pb2 as _grpc_service_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

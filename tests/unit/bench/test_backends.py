@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.backends import main
+from sluice_inference.bench.backends import main
 
 
 def test_prints_every_backend_at_every_batch_size(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,10 +9,16 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.loadgen import plan_class, rejection
-from bench.loadgen_scenario import Arrivals, Scenario, ScenarioError, load_scenario, parse_scenario
-from bench.loadgen_schedule import arrival_times, build_schedule, class_picks, unit_gaps
-from bench.loadgen_stats import (
+from sluice_inference.bench.loadgen import plan_class, rejection
+from sluice_inference.bench.loadgen_scenario import (
+    Arrivals,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    parse_scenario,
+)
+from sluice_inference.bench.loadgen_schedule import arrival_times, build_schedule, class_picks, unit_gaps
+from sluice_inference.bench.loadgen_stats import (
     ClassLabel,
     RequestRecord,
     achieved_send_rps,
@@ -21,9 +27,9 @@ from bench.loadgen_stats import (
     summarize,
     timeline,
 )
-from common.errors import InvalidArgument, Unavailable
-from common.grpc_errors import trailers_for
-from common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.errors import InvalidArgument, Unavailable
+from sluice_inference.common.grpc_errors import trailers_for
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "bench" / "scenarios"
 GOLD = {

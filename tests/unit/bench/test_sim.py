@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.loadgen_scenario import ScenarioError, parse_scenario
-from bench.loadgen_schedule import build_schedule
-from bench.sim.engine import Simulation, simulate
-from bench.sim.plan import plan_run
-from bench.sim.scenario import Variant, load_sim_scenario, parse_sim_scenario
-from cli.sim_cmd import add_sim_parser, run_sim
+from sluice_inference.bench.loadgen_scenario import ScenarioError, parse_scenario
+from sluice_inference.bench.loadgen_schedule import build_schedule
+from sluice_inference.bench.sim.engine import Simulation, simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.scenario import Variant, load_sim_scenario, parse_sim_scenario
+from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "bench" / "scenarios"
 APP = {"name": "app", "deadline_ms": 100}

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run
-from bench.sim.scenario import SimScenario, Variant, load_sim_scenario
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.scenario import SimScenario, Variant, load_sim_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "bench" / "scenarios"
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from bench.loadgen_scenario import ScenarioError
-from bench.quota_shares import main as bench_main
-from bench.sim.engine import simulate
-from bench.sim.plan import plan_run
-from bench.sim.results import QUOTA_REASONS
-from bench.sim.scenario import load_sim_scenario, parse_sim_scenario
+from sluice_inference.bench.loadgen_scenario import ScenarioError
+from sluice_inference.bench.quota_shares import main as bench_main
+from sluice_inference.bench.sim.engine import simulate
+from sluice_inference.bench.sim.plan import plan_run
+from sluice_inference.bench.sim.results import QUOTA_REASONS
+from sluice_inference.bench.sim.scenario import load_sim_scenario, parse_sim_scenario
 
 SCENARIO = Path(__file__).resolve().parents[3] / "bench" / "scenarios" / "sim_quota_shares.yaml"
 SETTLE_S = 1.5

@@ -8,9 +8,9 @@ import re
 import shlex
 from pathlib import Path
 
-from cli.cluster import banner
-from cli.main import _build_parser
-from common.local_cluster import ClusterEnv
+from sluice_inference.cli.cluster import banner
+from sluice_inference.cli.main import _build_parser
+from sluice_inference.common.local_cluster import ClusterEnv
 
 REPO = Path(__file__).resolve().parents[3]
 GROW = ("add a worker", "add a router", "drain one")

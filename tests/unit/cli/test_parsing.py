@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import _build_parser
+from sluice_inference.cli.main import _build_parser
 
 # Every command that runs something, with the arguments it requires.
 REQUIRED = {
@@ -96,7 +96,7 @@ def test_help_opens_with_what_the_command_does_and_where_settings_come_from(path
 def test_router_help_from_the_console_script() -> None:
     """The same through a real process, as `sluice router --help` in a terminal."""
     shown = subprocess.run(
-        [sys.executable, "-m", "cli", "router", "--help"],
+        [sys.executable, "-m", "sluice_inference.cli", "router", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

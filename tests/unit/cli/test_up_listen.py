@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import banner, join_commands
-from cli.main import _build_parser
-from common.local_cluster import ClusterEnv, reachable_host, router_listen
+from sluice_inference.cli.cluster import banner, join_commands
+from sluice_inference.cli.main import _build_parser
+from sluice_inference.common.local_cluster import ClusterEnv, reachable_host, router_listen
 
 
 def up(*flags: str) -> argparse.Namespace:

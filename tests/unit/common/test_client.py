@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from common.client import (
+from sluice_inference.common.client import (
     ROUND_ROBIN_SERVICE_CONFIG,
     InferResult,
     Metadata,
@@ -23,8 +23,8 @@ from common.client import (
     build_request,
     channel_options,
 )
-from common.clock import FakeClock
-from common.errors import (
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
@@ -36,7 +36,7 @@ from common.errors import (
     Unauthenticated,
     Unavailable,
 )
-from common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 
 Outcome = SluiceError | kserve.ModelInferResponse
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from common.cluster_identity import (
+from sluice_inference.common.cluster_identity import (
     WORKER_DOMAIN,
     CertificateSigner,
     check_router_certificate,
     worker_tls_name,
 )
-from common.cluster_proof import IdentityNotProven
-from common.dev_certs import (
+from sluice_inference.common.cluster_proof import IdentityNotProven
+from sluice_inference.common.dev_certs import (
     has_dev_certs,
     issue_worker_certificate,
     worker_certificate_paths,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.clock import FakeClock
-from common.cluster_proof import (
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.cluster_proof import (
     COOKIE_TTL_S,
     Answer,
     CallerClaim,
@@ -18,7 +18,7 @@ from common.cluster_proof import (
     derive_key,
     new_nonce,
 )
-from common.errors import Unauthenticated
+from sluice_inference.common.errors import Unauthenticated
 
 TOKEN, OTHER = "cluster-token-" + "a" * 20, "cluster-token-" + "b" * 20
 ME, CALLER, METHOD = "workers/w-3", "routers/r-1", "/sluice.v1.Worker/Stream"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, load_config
+from sluice_inference.common.config import ConfigError, load_config
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from cli.main import _build_parser, _overrides
-from common.config import ClusterSettings, ConfigError, load_config
-from common.dev_token import DEV_CLUSTER_TOKEN, refuse_dev_token
+from sluice_inference.cli.main import _build_parser, _overrides
+from sluice_inference.common.config import ClusterSettings, ConfigError, load_config
+from sluice_inference.common.dev_token import DEV_CLUSTER_TOKEN, refuse_dev_token
 from tests.deploy.rendering import DEPLOY
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from google.rpc import error_details_pb2, status_pb2
 
-from common.errors import Code, InvalidArgument, Unavailable, error_for_code
-from common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY, trailers_for
+from sluice_inference.common.errors import Code, InvalidArgument, Unavailable, error_for_code
+from sluice_inference.common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY, trailers_for
 
 
 def test_retryable_error_carries_both_hints() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
-from common.exit_codes import EXIT_DEVICE_FAULT
-from common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env
+from sluice_inference.common.config import load_config
+from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
+from sluice_inference.common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env
 
 
 def exits_with(code: int) -> list[str]:

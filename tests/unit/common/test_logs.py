@@ -8,13 +8,15 @@ import logging
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from common.clock import FakeClock
-from common.logs import MAX_LOGGED_ID, REQUEST_ID, JsonFormatter, LogThrottle, loggable_id
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.logs import MAX_LOGGED_ID, REQUEST_ID, JsonFormatter, LogThrottle, loggable_id
 
 
 def test_a_log_line_inside_a_request_names_its_request_and_trace() -> None:
     formatter = JsonFormatter("router")
-    record = logging.LogRecord("router.driver", logging.WARNING, __file__, 1, "worker %s lost", ("w1",), None)
+    record = logging.LogRecord(
+        "sluice_inference.router.driver", logging.WARNING, __file__, 1, "worker %s lost", ("w1",), None
+    )
     tracer = TracerProvider().get_tracer("t")
     token = REQUEST_ID.set("req-7")
     try:

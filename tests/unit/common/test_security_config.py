@@ -8,10 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from common.cluster_auth import require_worker_credentials
-from common.cluster_proof import IdentityNotProven, ProofIssuer, check_answer, derive_key, new_nonce
-from common.config import ClusterSettings, ConfigError, SluiceConfig, load_config
-from common.tls import read_pem
+from sluice_inference.common.cluster_auth import require_worker_credentials
+from sluice_inference.common.cluster_proof import (
+    IdentityNotProven,
+    ProofIssuer,
+    check_answer,
+    derive_key,
+    new_nonce,
+)
+from sluice_inference.common.config import ClusterSettings, ConfigError, SluiceConfig, load_config
+from sluice_inference.common.tls import read_pem
 
 TOKEN = "a-cluster-token-of-enough-length"
 

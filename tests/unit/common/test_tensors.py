@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import Code, InvalidArgument
-from common.tensors import MAX_SHAPE_SPAN, element_count, from_raw, from_values
+from sluice_inference.common.errors import Code, InvalidArgument
+from sluice_inference.common.tensors import MAX_SHAPE_SPAN, element_count, from_raw, from_values
 
 
 @pytest.mark.parametrize("shape", [[1, 3, 0, 2**61], [1, 0, 2**33], [2**17, 2**16]])

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import itertools
 
-from common.config import AdmissionSettings, RouterSettings, TenantSettings
-from common.errors import Code, SluiceError
-from router.policy.batcher import Batcher, TimerBatcher
-from router.policy.core import RouterCore
-from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
-from router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
-from router.policy.scheduler import Chooser, LeastLoaded
+from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.router.policy.batcher import Batcher, TimerBatcher
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
+from sluice_inference.router.policy.scheduler import Chooser, LeastLoaded
 
 KEY = LaneKey("m", "1")
 LIMITS = LaneLimits(max_batch_size=4, max_wait_s=0.002)

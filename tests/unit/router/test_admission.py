@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import AdmissionSettings
-from common.errors import SluiceError
-from router.policy.core import RouterCore
-from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
-from router.policy.outcomes import Decision
+from sluice_inference.common.config import AdmissionSettings
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.outcomes import Decision
 from tests.unit.router.core_support import LIMITS, join, make_core, occupy, outcomes, request
 
 WARMUP = {1: 0.011, 4: 0.014}

@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 import torch
 
-from common.clock import FakeClock
-from common.config import CacheSettings
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec
-from router.auditor import CacheAuditor, calibration_request
-from router.cache_gate import CacheGate
-from router.calls import InferCall, InferResult, InputTensor, ServedBy, Tensor
-from router.codec import DecodedRequest, decode_call
-from router.metrics import RouterMetrics
-from router.policy.result_cache import CacheUse
-from router.policy.tenants import Tenant
-from router.stored_results import encode_result
-from router.stores.cache_store import ResultCacheStore
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import CacheSettings
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.auditor import CacheAuditor, calibration_request
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy, Tensor
+from sluice_inference.router.codec import DecodedRequest, decode_call
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.result_cache import CacheUse
+from sluice_inference.router.policy.tenants import Tenant
+from sluice_inference.router.stored_results import encode_result
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.worker.demo_models import build_mlp
 from tests.support.dataplane import Reply
-from worker.demo_models import build_mlp
 
 OLD_TOLERANCE = 1e-5
 DEMO = ModelRecord(

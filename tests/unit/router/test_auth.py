@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ANONYMOUS_TENANT, TenantSettings
-from common.errors import PermissionDenied, SluiceError, Unauthenticated
-from router.auth import AccessPolicy
-from router.policy.tenants import TenantDirectory, hash_api_key
+from sluice_inference.common.config import ANONYMOUS_TENANT, TenantSettings
+from sluice_inference.common.errors import PermissionDenied, SluiceError, Unauthenticated
+from sluice_inference.router.auth import AccessPolicy
+from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key
 
 ADMIN = "/sluice.v1.RouterAdmin/ListTenants"
 INFER = "/inference.GRPCInferenceService/ModelInfer"

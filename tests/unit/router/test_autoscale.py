@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy, base_workers
+from sluice_inference.router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy, base_workers
 
 POLICY = ScalingPolicy(target_utilization=0.5, scale_down_window_s=60.0, min_workers=1, max_workers=10)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.policy.batcher import AdaptiveBatcher, BatchContext, Cut, TimerBatcher, WakeAt
-from router.policy.lane_stats import LaneStats
-from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.batcher import AdaptiveBatcher, BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.lane_stats import LaneStats
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
 KEY = LaneKey("mlp", "1", (("input", (256,)),))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.policy.breaker import FIRST_BACKOFF_S, THRESHOLD, CircuitBreaker
+from sluice_inference.router.policy.breaker import FIRST_BACKOFF_S, THRESHOLD, CircuitBreaker
 
 
 def test_opens_after_consecutive_failures_and_half_opens_for_one_probe() -> None:

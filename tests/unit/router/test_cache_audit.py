@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from router.calls import Tensor
-from router.policy.cache_audit import (
+from sluice_inference.router.calls import Tensor
+from sluice_inference.router.policy.cache_audit import (
     MAX_RELATIVE_DEVIATION,
     AuditBudget,
     DeviationBook,

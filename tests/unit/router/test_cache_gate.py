@@ -9,17 +9,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from common.clock import FakeClock
-from common.config import AdmissionSettings, CacheSettings, RouterSettings, TenantSettings
-from common.errors import ResourceExhausted
-from router.cache_gate import CacheGate, Lookup
-from router.calls import CacheOutcome, InferResult, ServedBy, Tensor
-from router.codec import DecodedRequest, decode_call
-from router.metrics import RouterMetrics
-from router.policy.core import RouterCore
-from router.policy.result_cache import CacheUse
-from router.stored_results import decode_result
-from router.stores.cache_store import ResultCacheStore
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import AdmissionSettings, CacheSettings, RouterSettings, TenantSettings
+from sluice_inference.common.errors import ResourceExhausted
+from sluice_inference.router.cache_gate import CacheGate, Lookup
+from sluice_inference.router.calls import CacheOutcome, InferResult, ServedBy, Tensor
+from sluice_inference.router.codec import DecodedRequest, decode_call
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.result_cache import CacheUse
+from sluice_inference.router.stored_results import decode_result
+from sluice_inference.router.stores.cache_store import ResultCacheStore
 from tests.support.dataplane import GOLD_KEY, make_plane, mlp, raw_call
 
 RECORD = mlp("1")

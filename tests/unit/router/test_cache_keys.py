@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.records import ModelRecord, TensorSpec
-from router.codec import decode_call
-from router.kserve_codec import call_from_request
-from router.policy.cache_keys import (
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.codec import decode_call
+from sluice_inference.router.kserve_codec import call_from_request
+from sluice_inference.router.policy.cache_keys import (
     OUTPUT_AFFECTING_EXCLUDED,
     TensorBytes,
     cache_key,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import Code, SluiceError
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec
-from router.calls import InferResult, ServedBy
-from router.codec import DecodedRequest, DecodeLimits, decode_call, requested_outputs
-from router.kserve_codec import call_from_request, response_from_result
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.calls import InferResult, ServedBy
+from sluice_inference.router.codec import DecodedRequest, DecodeLimits, decode_call, requested_outputs
+from sluice_inference.router.kserve_codec import call_from_request, response_from_result
 
 RECORD = ModelRecord(
     name="mlp",

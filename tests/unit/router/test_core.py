@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import AdmissionSettings, RouterSettings
-from common.records import ModelRecord, TensorSpec, WorkerRecord
-from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
-from router.policy.catalog import ModelCatalog
-from router.policy.core import BUSY, HANG_FACTOR, RouterCore, deadline_for, version_to_serve
-from router.policy.lanes import Lane, LaneKey, LaneLimits
-from router.policy.outcomes import Served
-from router.policy.scheduler import ExpectedCompletion
+from sluice_inference.common.config import AdmissionSettings, RouterSettings
+from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core import BUSY, HANG_FACTOR, RouterCore, deadline_for, version_to_serve
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
+from sluice_inference.router.policy.outcomes import Served
+from sluice_inference.router.policy.scheduler import ExpectedCompletion
 from tests.unit.router.core_support import (
     KEY,
     LIMITS,

@@ -10,11 +10,11 @@ from collections.abc import Awaitable
 import numpy as np
 import pytest
 
-from common.config import TenantSettings
-from common.errors import Code, Internal, InvalidArgument, SluiceError, Unavailable
-from router.calls import CacheOutcome, InputTensor
-from router.codec import DecodedRequest
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.errors import Code, Internal, InvalidArgument, SluiceError, Unavailable
+from sluice_inference.router.calls import CacheOutcome, InputTensor
+from sluice_inference.router.codec import DecodedRequest
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.support.dataplane import GOLD_KEY, make_plane, mlp, raw_call
 
 ROW = [1.0, 2.0, 3.0, 4.0]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from router.policy.demand import (
+from sluice_inference.router.policy.demand import (
     MAX_RECORD_BYTES,
     MAX_TENANTS,
     NO_DEMAND,

@@ -6,7 +6,7 @@ comes back soon after."""
 
 from __future__ import annotations
 
-from router.policy.door import DECREASE, HOLD_MAX_S, INCREASE, MIN_FRACTION, REARM_S, Door
+from sluice_inference.router.policy.door import DECREASE, HOLD_MAX_S, INCREASE, MIN_FRACTION, REARM_S, Door
 
 BOUND, SUSTAIN = 0.020, 1.0
 

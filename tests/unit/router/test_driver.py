@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from pydantic import SecretStr
 
-from common.clock import MonotonicClock
-from common.cluster_auth import ClusterClient
-from common.config import (
+from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.cluster_auth import ClusterClient
+from sluice_inference.common.config import (
     AdmissionSettings,
     AutoscaleSettings,
     CacheSettings,
@@ -23,27 +23,27 @@ from common.config import (
     RouterSettings,
     TenantSettings,
 )
-from common.errors import Code, SluiceError
-from common.etcd_watch import WatchHealth
-from common.pb.inference import grpc_service_pb2 as kserve
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec
-from router.cache_gate import CacheGate
-from router.codec import DecodedRequest, decode_call
-from router.driver import Driver
-from router.kserve_codec import call_from_request
-from router.live_stats import LiveStats
-from router.metrics import RouterMetrics
-from router.peers import PeerView
-from router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
-from router.policy.core import RouterCore
-from router.policy.lanes import Lane
-from router.policy.tenants import Tenant
-from router.status import StatusLoop
-from router.stores.cache_store import ResultCacheStore
-from router.worker_link import WorkerLink, WorkerLinks
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.etcd_watch import WatchHealth
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.codec import DecodedRequest, decode_call
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.kserve_codec import call_from_request
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.peers import PeerView
+from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.lanes import Lane
+from sluice_inference.router.policy.tenants import Tenant
+from sluice_inference.router.status import StatusLoop
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.worker_link import WorkerLink, WorkerLinks
 from tests.support.processes import eventually
 
 RECORD = ModelRecord(

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from router.policy.estimators import DEFAULT_SECONDS, MAX_ANCHORS, BestCase, ServiceEstimates
+from sluice_inference.router.policy.estimators import DEFAULT_SECONDS, MAX_ANCHORS, BestCase, ServiceEstimates
 
 
 def test_fit_recovers_a_linear_profile() -> None:

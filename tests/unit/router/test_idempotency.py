@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from common.clock import FakeClock
-from common.errors import Code, SluiceError
-from router.policy.idempotency import (
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.router.policy.idempotency import (
     Conflict,
     IdempotencyTable,
     Pending,
@@ -31,8 +31,8 @@ from router.policy.idempotency import (
     settle,
     validate_key,
 )
-from router.policy.sealing import SealKeys
-from router.stores.idempotency_store import InProcessIdempotencyStore, acquire
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.idempotency_store import InProcessIdempotencyStore, acquire
 
 SK = scoped_key("gold", "order-42")
 KEYS = SealKeys([b"k" * 32])

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from common.clock import FakeClock
-from common.config import IdempotencySettings
-from common.errors import Code, NotFound, SluiceError, Unavailable
-from router.calls import CacheOutcome, InferCall, InferResult, ServedBy, Tensor
-from router.codec import decode_call
-from router.idempotency_gate import Claimed, IdempotencyGate
-from router.metrics import RouterMetrics
-from router.policy.idempotency import StoredSuccess
-from router.stores.idempotency_store import InProcessIdempotencyStore
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import IdempotencySettings
+from sluice_inference.common.errors import Code, NotFound, SluiceError, Unavailable
+from sluice_inference.router.calls import CacheOutcome, InferCall, InferResult, ServedBy, Tensor
+from sluice_inference.router.codec import decode_call
+from sluice_inference.router.idempotency_gate import Claimed, IdempotencyGate
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.idempotency import StoredSuccess
+from sluice_inference.router.stores.idempotency_store import InProcessIdempotencyStore
 from tests.support.dataplane import mlp, raw_call
 
 RECORD = mlp("1")

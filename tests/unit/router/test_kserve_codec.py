@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import Code, SluiceError
-from common.pb.inference import grpc_service_pb2 as kserve
-from router.calls import CacheOutcome, InferResult, ServedBy, Tensor
-from router.kserve_codec import api_key, call_from_request, response_from_result
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.router.calls import CacheOutcome, InferResult, ServedBy, Tensor
+from sluice_inference.router.kserve_codec import api_key, call_from_request, response_from_result
 
 VALUES = np.arange(8, dtype="<f4").reshape(2, 4)
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
 KEY = LaneKey("m", "1")
 _ids = itertools.count(1)

@@ -13,22 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from bench.sim.engine import Simulation, make_core
-from bench.sim.plan import RunPlan, plan_run
-from bench.sim.scenario import parse_sim_scenario
-from common.clock import FakeClock
-from common.config import TenantSettings
-from common.errors import SluiceError
-from common.pb.sluice.v1 import worker_pb2
-from common.records import ModelRecord, TensorSpec
-from router.codec import DecodedRequest
-from router.driver import Driver
-from router.metrics import RouterMetrics
-from router.policy.core import RouterCore
-from router.policy.lanes import LaneLimits, QueuedRequest
-from router.policy.outcomes import BatchAnswer, Decision, ItemAnswer, Served
-from router.policy.tenants import Tenant
-from router.worker_link import WorkerLinks
+from sluice_inference.bench.sim.engine import Simulation, make_core
+from sluice_inference.bench.sim.plan import RunPlan, plan_run
+from sluice_inference.bench.sim.scenario import parse_sim_scenario
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.codec import DecodedRequest
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
+from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, ItemAnswer, Served
+from sluice_inference.router.policy.tenants import Tenant
+from sluice_inference.router.worker_link import WorkerLinks
 from tests.unit.router.test_driver import FakeLink
 
 SCENARIO = {

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from common.config import TenantSettings
-from router.policy.overrides import RULES, bound_override
-from router.policy.tenants import hash_api_key
+from sluice_inference.common.config import TenantSettings
+from sluice_inference.router.policy.overrides import RULES, bound_override
+from sluice_inference.router.policy.tenants import hash_api_key
 
 OLD, NEW, ATTACKER = hash_api_key("old"), hash_api_key("new"), hash_api_key("attacker")
 GOLD = TenantSettings(

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from common.clock import FakeClock
-from common.config import AdmissionSettings, EtcdSettings, RouterSettings, TenantSettings
-from common.etcd_watch import MAX_VALUE_BYTES, decode_json_value
-from router.driver import Driver
-from router.metrics import RouterMetrics
-from router.peers import PeerView, merge_overrides, router_record
-from router.policy.core import RouterCore
-from router.policy.demand import Demand
-from router.worker_link import WorkerLinks
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import AdmissionSettings, EtcdSettings, RouterSettings, TenantSettings
+from sluice_inference.common.etcd_watch import MAX_VALUE_BYTES, decode_json_value
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.peers import PeerView, merge_overrides, router_record
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.worker_link import WorkerLinks
 
 TENANTS = {"t": TenantSettings(rate=60, burst=10, max_inflight=10)}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import Code, SluiceError
-from router.policy.ratelimit import Quota, RateLimiter, TokenBucket
-from router.policy.shares import Shares, equal_shares
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.router.policy.ratelimit import Quota, RateLimiter, TokenBucket
+from sluice_inference.router.policy.shares import Shares, equal_shares
 
 
 def test_bucket_allows_a_burst_then_the_rate() -> None:

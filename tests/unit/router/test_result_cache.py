@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.clock import FakeClock
-from common.errors import SluiceError
-from router.policy.result_cache import (
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.router.policy.result_cache import (
     ENTRY_OVERHEAD_BYTES,
     ByteLRU,
     CachedResult,
@@ -18,8 +18,8 @@ from router.policy.result_cache import (
     encode_entry,
     purge_tag,
 )
-from router.policy.sealing import SealKeys
-from router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.policy.sealing import SealKeys
+from sluice_inference.router.stores.cache_store import ResultCacheStore
 
 K = "k" * 64  # cache keys are 64 hex digits
 ENTRY = len(K) + 100 + ENTRY_OVERHEAD_BYTES  # the charge for a 100-byte value under a 64-char key

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from grpc_health.v1._async import HealthServicer
 
-from common.clock import FakeClock
-from common.config import (
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.config import (
     AdmissionSettings,
     AutoscaleSettings,
     CacheSettings,
@@ -19,26 +19,26 @@ from common.config import (
     RouterSettings,
     TenantSettings,
 )
-from common.errors import SluiceError
-from common.records import ModelRecord, TensorSpec, WorkerRecord
-from router.cache_gate import CacheGate
-from router.calls import InferCall, InputTensor
-from router.codec import decode_call
-from router.driver import Driver
-from router.live_stats import LiveStats
-from router.metrics import RouterMetrics
-from router.peers import PeerView
-from router.policy.batcher import TimerBatcher
-from router.policy.budget import ByteBudget
-from router.policy.catalog import ModelCatalog
-from router.policy.core import RouterCore
-from router.policy.lane_stats import LaneStats
-from router.policy.lanes import Lane, LaneKey
-from router.policy.outcomes import Decision, Dispatch
-from router.policy.shapes import MAX_SHAPES_PER_MODEL, ShapeTable
-from router.status import StatusLoop
-from router.stores.cache_store import ResultCacheStore
-from router.worker_link import WorkerLinks
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.calls import InferCall, InputTensor
+from sluice_inference.router.codec import decode_call
+from sluice_inference.router.driver import Driver
+from sluice_inference.router.live_stats import LiveStats
+from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.peers import PeerView
+from sluice_inference.router.policy.batcher import TimerBatcher
+from sluice_inference.router.policy.budget import ByteBudget
+from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.lane_stats import LaneStats
+from sluice_inference.router.policy.lanes import Lane, LaneKey
+from sluice_inference.router.policy.outcomes import Decision, Dispatch
+from sluice_inference.router.policy.shapes import MAX_SHAPES_PER_MODEL, ShapeTable
+from sluice_inference.router.status import StatusLoop
+from sluice_inference.router.stores.cache_store import ResultCacheStore
+from sluice_inference.router.worker_link import WorkerLinks
 from tests.unit.router.core_support import ok_answer, outcomes
 
 TENANT = "anonymous"

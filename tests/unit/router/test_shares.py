@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from common.config import AdmissionSettings, TenantSettings
-from common.errors import SluiceError
-from router.policy.admission import AdmissionController
-from router.policy.demand import Demand
-from router.policy.estimators import ServiceEstimates
-from router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
-from router.policy.shares import OWN_GRACE_S, ShareBook, share_fraction
+from sluice_inference.common.config import AdmissionSettings, TenantSettings
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.router.policy.admission import AdmissionController
+from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.shares import OWN_GRACE_S, ShareBook, share_fraction
 
 EPS = 0.1
 

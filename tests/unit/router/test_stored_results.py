@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.pb.sluice.v1 import result_pb2
-from router.calls import CacheOutcome, InferResult, ServedBy, Tensor
-from router.stored_results import decode_result, encode_result
+from sluice_inference.common.pb.sluice.v1 import result_pb2
+from sluice_inference.router.calls import CacheOutcome, InferResult, ServedBy, Tensor
+from sluice_inference.router.stored_results import decode_result, encode_result
 
 OUTPUTS = (
     Tensor("y", "FP32", (2, 3), np.random.default_rng(0).standard_normal((2, 3)).astype("<f4").tobytes()),

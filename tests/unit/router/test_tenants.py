@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import TenantSettings
-from common.errors import Code, SluiceError
-from router.policy.tenants import Tenant, TenantDirectory, hash_api_key
+from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
 
 GOLD = TenantSettings(
     api_keys=[hash_api_key("gold-key")], models=["mlp", "enc*"], default_priority=2, max_priority=1

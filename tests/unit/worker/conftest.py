@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.executor import Executor, LoadedModel
-from worker.repository import scan_repository
+from sluice_inference.worker.executor import Executor, LoadedModel
+from sluice_inference.worker.repository import scan_repository
 
 
 @pytest.fixture(scope="session")

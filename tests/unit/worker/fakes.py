@@ -11,10 +11,10 @@ from typing import Any
 import torch
 import yaml
 
-from worker.backends import Backend
-from worker.executor import LoadedModel
-from worker.model_config import ModelConfig
-from worker.repository import ModelVersionSpec
+from sluice_inference.worker.backends import Backend
+from sluice_inference.worker.executor import LoadedModel
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.repository import ModelVersionSpec
 
 
 def synthetic_config(name: str = "toy", **overrides: Any) -> dict[str, Any]:

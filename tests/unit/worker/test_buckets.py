@@ -7,12 +7,12 @@ import time
 import numpy as np
 import torch
 
-from common.buckets import bucket_for
+from sluice_inference.common.buckets import bucket_for
+from sluice_inference.worker.backends.synthetic import SyntheticBackend
+from sluice_inference.worker.executor import ExecItem, Executor, LoadedModel
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.padding import group_key
 from tests.unit.worker.fakes import synthetic_config
-from worker.backends.synthetic import SyntheticBackend
-from worker.executor import ExecItem, Executor, LoadedModel
-from worker.model_config import ModelConfig
-from worker.padding import group_key
 
 
 def tokens(item_id: int, length: int, seed: int) -> ExecItem:

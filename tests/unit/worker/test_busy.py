@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.busy import BusyWindow
+from sluice_inference.worker.busy import BusyWindow
 
 
 def window() -> BusyWindow:

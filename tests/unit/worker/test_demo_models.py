@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from worker.demo_models import build_encoder, build_mlp, init_demo_repository
-from worker.executor import ExecItem, Executor, LoadedModel
-from worker.repository import scan_repository
+from sluice_inference.worker.demo_models import build_encoder, build_mlp, init_demo_repository
+from sluice_inference.worker.executor import ExecItem, Executor, LoadedModel
+from sluice_inference.worker.repository import scan_repository
 
 
 def file_hashes(root: Path) -> dict[str, str]:

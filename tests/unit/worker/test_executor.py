@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.errors import Internal, InvalidArgument
+from sluice_inference.common.errors import Internal, InvalidArgument
+from sluice_inference.worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, warmup_items
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.repository import scan_repository
 from tests.unit.worker.fakes import (
     FailingBackend,
     RecordingBackend,
@@ -19,9 +22,6 @@ from tests.unit.worker.fakes import (
     synthetic_config,
     write_model,
 )
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel, warmup_items
-from worker.model_config import ModelConfig
-from worker.repository import scan_repository
 
 RNG = np.random.default_rng(7)
 

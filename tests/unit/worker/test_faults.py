@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.errors import Code, Internal
+from sluice_inference.common.errors import Code, Internal
+from sluice_inference.worker.backends.synthetic import POISON, SIMULATED_FAULT, SyntheticBackend
+from sluice_inference.worker.executor import ExecItem, Executor
+from sluice_inference.worker.faults import is_fatal_device_error
+from sluice_inference.worker.model_config import ModelConfig
 from tests.unit.worker.fakes import CountingBackend, RaisingBackend, fake_model, synthetic_config
-from worker.backends.synthetic import POISON, SIMULATED_FAULT, SyntheticBackend
-from worker.executor import ExecItem, Executor
-from worker.faults import is_fatal_device_error
-from worker.model_config import ModelConfig
 
 HINT = (
     "\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from common.errors import Code
+from sluice_inference.common.errors import Code
+from sluice_inference.worker.backends.synthetic import POISON, SyntheticBackend
+from sluice_inference.worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel
+from sluice_inference.worker.isolation import isolate
+from sluice_inference.worker.model_config import ModelConfig
 from tests.unit.worker.fakes import CountingBackend, FailingBackend, fake_model, synthetic_config
-from worker.backends.synthetic import POISON, SyntheticBackend
-from worker.executor import ExecItem, Executor, ItemOutcome, LoadedModel
-from worker.isolation import isolate
-from worker.model_config import ModelConfig
 
 N = 32
 LOG2_N = math.ceil(math.log2(N))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
-from worker.model_config import ModelConfig
+from sluice_inference.worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
+from sluice_inference.worker.model_config import ModelConfig
 
 KEY = MergeKey("m", "1", (), ((4,),))
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice_inference.worker.model_config import ModelConfig, ModelConfigError, VersionPolicy
 from tests.unit.worker.fakes import synthetic_config
-from worker.model_config import ModelConfig, ModelConfigError, VersionPolicy
 
 
 def write_config(tmp_path: Path, config: dict[str, Any], folder: str | None = None) -> Path:

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
+from sluice_inference.worker.backends import load_backend
+from sluice_inference.worker.backends.onnx_runtime import GraphMismatch, providers
+from sluice_inference.worker.demo_onnx import mlp_onnx_bytes
+from sluice_inference.worker.executor import ExecItem, Executor, LoadedModel
+from sluice_inference.worker.repository import RepositoryError, scan_repository
 from tests.support.triton_repo import WIDTH_IN, WIDTH_OUT, small_mlp
 from tests.unit.worker.fakes import synthetic_config
-from worker.backends import load_backend
-from worker.backends.onnx_runtime import GraphMismatch, providers
-from worker.demo_onnx import mlp_onnx_bytes
-from worker.executor import ExecItem, Executor, LoadedModel
-from worker.repository import RepositoryError, scan_repository
 
 
 def _tensor(name: str, dims: list[int], **extra: Any) -> dict[str, Any]:

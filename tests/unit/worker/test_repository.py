@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sluice_inference.worker.model_config import ModelConfigError
+from sluice_inference.worker.repository import RepositoryError, model_digest, scan_repository
 from tests.unit.worker.fakes import synthetic_config, write_model
-from worker.model_config import ModelConfigError
-from worker.repository import RepositoryError, model_digest, scan_repository
 
 
 def export_config(name: str = "net", **overrides: object) -> dict[str, object]:

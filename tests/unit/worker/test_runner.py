@@ -15,10 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.clock import FakeClock
-from common.errors import Code, Internal
-from common.pb.sluice.v1 import worker_pb2
-from common.tensors import from_wire, to_wire
+from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.errors import Code, Internal
+from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.tensors import from_wire, to_wire
+from sluice_inference.worker.backends import Backend
+from sluice_inference.worker.backends.synthetic import POISON, SyntheticBackend
+from sluice_inference.worker.executor import Executor, LoadedModel
+from sluice_inference.worker.metrics import WorkerMetrics
+from sluice_inference.worker.model_config import ModelConfig
+from sluice_inference.worker.runner import WORKER_BUSY, BatchRunner, StreamState
 from tests.unit.worker.fakes import (
     CountingBackend,
     FailingBackend,
@@ -27,12 +33,6 @@ from tests.unit.worker.fakes import (
     fake_model,
     synthetic_config,
 )
-from worker.backends import Backend
-from worker.backends.synthetic import POISON, SyntheticBackend
-from worker.executor import Executor, LoadedModel
-from worker.metrics import WorkerMetrics
-from worker.model_config import ModelConfig
-from worker.runner import WORKER_BUSY, BatchRunner, StreamState
 
 MODEL = fake_model(synthetic_config(), RecordingBackend())
 Models = dict[tuple[str, str], LoadedModel]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from sluice_inference.worker.executor import ExecItem, Executor
+from sluice_inference.worker.repository import RepositoryError, scan_repository
 from tests.unit.worker.fakes import synthetic_config, write_model
-from worker.executor import ExecItem, Executor
-from worker.repository import RepositoryError, scan_repository
 
 A = np.arange(6, dtype=np.float32).reshape(2, 3)
 B = np.full((2, 3), 10, dtype=np.float32)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.model_config import ModelConfigError
-from worker.repository import RepositoryError, scan_repository
-from worker.triton_config import TritonModel, parse_triton_config
+from sluice_inference.worker.model_config import ModelConfigError
+from sluice_inference.worker.repository import RepositoryError, scan_repository
+from sluice_inference.worker.triton_config import TritonModel, parse_triton_config
 
 BASE = """
 platform: "pytorch_libtorch"

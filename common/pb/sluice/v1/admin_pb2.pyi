@@ -7,7 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
-from common.pb.sluice.v1 import worker_pb2 as _worker_pb2
+from sluice_inference.common.pb.sluice.v1 import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
 import typing as _typing

@@ -5,7 +5,7 @@ Operator-facing admin RPCs, used by the `sluice` CLI."""
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from common.pb.sluice.v1 import admin_pb2 as _admin_pb2
+from sluice_inference.common.pb.sluice.v1 import admin_pb2 as _admin_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

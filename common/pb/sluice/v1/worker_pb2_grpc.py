@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from common.pb.sluice.v1 import worker_pb2 as sluice_dot_v1_dot_worker__pb2
+from sluice_inference.common.pb.sluice.v1 import worker_pb2 as sluice_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__

@@ -12,7 +12,7 @@ nothing by them beyond the stream they came on).
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from common.pb.sluice.v1 import worker_pb2 as _worker_pb2
+from sluice_inference.common.pb.sluice.v1 import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
