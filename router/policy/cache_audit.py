@@ -30,11 +30,11 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from sluice_inference.common.tensors import dtype_of
+from sluice_inference.router.policy.cache_keys import TensorLike
 from sluice_inference.router.policy.ratelimit import TokenBucket
 
 MAX_RELATIVE_DEVIATION = 1e-3
@@ -42,30 +42,6 @@ MAX_RELATIVE_DEVIATION = 1e-3
 credited with: beyond it a model is not batch-invariant enough for its hits to be vouched for."""
 MAX_TRACKED = 4096
 """Bound on the tenants, model versions and (tenant, model) pairs each table here remembers."""
-
-
-class TensorView(Protocol):
-    """An output tensor: canonical little-endian bytes, batch dimension first."""
-
-    @property
-    def name(self) -> str:
-        """Output name."""
-        ...
-
-    @property
-    def datatype(self) -> str:
-        """Protocol datatype (FP32, INT64, ...)."""
-        ...
-
-    @property
-    def shape(self) -> Sequence[int]:
-        """Dimensions, rows first."""
-        ...
-
-    @property
-    def data(self) -> bytes:
-        """Raw little-endian bytes."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +89,7 @@ class Difference:
         return all(g.worst <= max(absolute_floor, relative_limit * g.magnitude) for g in self.gaps)
 
 
-def difference(cached: Sequence[TensorView], fresh: Sequence[TensorView]) -> Difference:
+def difference(cached: Sequence[TensorLike], fresh: Sequence[TensorLike]) -> Difference:
     """Compare two results output by output (see `Difference`)."""
     mine = {t.name: t for t in cached}
     theirs = {t.name: t for t in fresh}
