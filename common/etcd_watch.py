@@ -45,6 +45,9 @@ MAX_VALUE_BYTES = 256 * 1024
 """Largest value under a watched prefix that a consumer is shown (ours are < 16 KiB: a worker record with
 dozens of models); larger ones are skipped and counted, so a writer cannot make every router parse
 megabytes on every change."""
+WATCH_CLOSE_TIMEOUT_S = 1.0
+"""Bound on cancelling a watch when it is dropped: aetcd's close waits for etcd, and an unbounded one held a
+router's stop past its 5 s step on a loaded machine (the client is closed next, within its own bound)."""
 LOG_INTERVAL_S = 10.0
 """At most one log line per watch and interval about skipped values or a failing consumer."""
 
@@ -106,8 +109,8 @@ class _PrefixSession:
         events, self._events = self._events, None
         if events is not None:
             try:
-                await events.aclose()
-            except ETCD_ERRORS as exc:
+                await asyncio.wait_for(events.aclose(), WATCH_CLOSE_TIMEOUT_S)
+            except (*ETCD_ERRORS, TimeoutError) as exc:
                 logger.debug("etcd: closing the watch of %s: %r", self._prefix, exc)
         client, self._client = self._client, None
         if client is not None:
