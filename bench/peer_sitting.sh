@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One sitting of the peer comparison (docs/performance.md): Sluice, PyTriton and the bare grpc.aio echo
-# through the shared harness (../shared/peers: each server pinned to core 0, the load generator to core 1),
+# One sitting of the peer comparison (docs/performance.md): Sluice, PyTriton, MLServer, the bare grpc.aio
+# echo and minpath (the harness's bare router + worker: the floor of Sluice's shape) through the shared harness (../shared/peers: each server pinned to core 0, the load generator to core 1),
 # every rate a fresh start (the harness's sweep stops at the first saturated rate; the overload curves need
 # the points past it), with the harness's 2 s client timeout and with the 50 ms SLO sent as the deadline.
 #   bench/peer_sitting.sh OUT_DIR          then: python -m sluice_inference.bench.peer_report OUT_DIR --plot docs/figures/peers.png
-# env: SLUICE_RATES, TRITON_RATES, ECHO_RATES, TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
+# env: SLUICE_RATES, TRITON_RATES, MLSERVER_RATES, ECHO_RATES, MINPATH_RATES (a rate list; empty skips
+#      that system), TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
 #      SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
 #      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset)
 set -euo pipefail
@@ -24,8 +25,10 @@ point() {  # point NAME RATE TIMEOUT LABEL
 }
 
 for timeout in ${TIMEOUTS:-2 0.05}; do
-  for rate in ${SLUICE_RATES:-300 500 700 1000 1500 2000}; do point sluice "$rate" "$timeout" "$label"; done
-  for rate in ${TRITON_RATES:-300 1000 2000 3000 4000}; do point triton "$rate" "$timeout" triton; done
-  for rate in ${ECHO_RATES:-2000 4000}; do point echo "$rate" "$timeout" echo; done
+  for rate in ${SLUICE_RATES-300 500 700 1000 1500 2000}; do point sluice "$rate" "$timeout" "$label"; done
+  for rate in ${TRITON_RATES-300 1000 2000 3000 4000}; do point triton "$rate" "$timeout" triton; done
+  for rate in ${MLSERVER_RATES-300 500 800 1200}; do point mlserver "$rate" "$timeout" mlserver; done
+  for rate in ${ECHO_RATES-2000 4000}; do point echo "$rate" "$timeout" echo; done
+  for rate in ${MINPATH_RATES-500 1000 1500 2000}; do point minpath "$rate" "$timeout" minpath; done
 done
 echo "[sitting] results under $out"
