@@ -14,7 +14,7 @@ RUN_ARGS ?=
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install protos models run test lint bench clean
+.PHONY: help install protos models run check test lint bench clean
 
 help: ## list the targets
 	@echo "Sluice make targets (each one installs what it needs first):"
@@ -51,6 +51,10 @@ lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	@$(VENV)/bin/ruff format --check .
 	@echo "==> mypy"
 	@$(VENV)/bin/mypy sluice_inference tests
+
+check: $(STAMP) lint ## the edit-test loop: lint, then the unit tests only (no servers; well under two minutes)
+	@echo "==> pytest (unit)"
+	@$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
 test: $(STAMP) lint ## lint, then the unit, integration and e2e tests (starts its own etcd/workers on free ports)
 	@echo "==> pytest (unit, integration, e2e)"
