@@ -53,4 +53,7 @@ def test_slowdown_scales_simulated_latency() -> None:
         start = time.perf_counter()
         backend.forward(x)
         timings.append(time.perf_counter() - start)
-    assert timings[1] > 1.5 * timings[0]
+    # time.sleep never returns early, so the lower bounds hold however busy the machine is; a slowdown that
+    # were ignored would leave the second forward at ~20 ms, under its 40 ms bound.
+    assert timings[0] >= 0.020
+    assert timings[1] >= 0.040
