@@ -32,9 +32,12 @@ from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 
 Array = npt.NDArray[Any]
-TOLERANCE = {"fp32": 0.0, "fp16": 5e-3, "bf16": 3e-2}
-"""Largest |served - in-process FP32| allowed per element, a request alone: FP32 must be exact (same
-device, same kernels, same padding), half precision within what its mantissa keeps of outputs in [-1, 1]."""
+TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}
+"""Largest |served - in-process FP32| allowed per element, a request alone. FP32 is expected bit for bit
+(same device, weights, padding and shapes; `bit_exact` says whether it was, and the CPU rehearsal's test
+requires it), but on CUDA TorchScript's fuser may fuse elementwise ops differently in two processes that
+first saw different shapes, which moves the last bits; half precision: what its mantissa keeps of
+outputs in [-1, 1]."""
 BATCHED_TOLERANCE = 1e-4
 """FP32 rows answered in one batch with others against the same rows alone: batch size changes the
 kernels' summation order, nothing else."""
@@ -121,7 +124,7 @@ def correctness(
         vs_own = max(max_diff(s, local.forward([row])) for s, row in zip(served, rows, strict=True))
         models[name] = {
             "dtype": dtype, "requests": len(rows), "max_abs_diff_vs_fp32": vs_fp32,
-            "max_abs_diff_vs_same_dtype": vs_own, "tolerance": TOLERANCE[dtype],
+            "max_abs_diff_vs_same_dtype": vs_own, "bit_exact": vs_fp32 == 0.0, "tolerance": TOLERANCE[dtype],
             "passed": vs_fp32 <= TOLERANCE[dtype],
         }  # fmt: skip
     together = answers(client.infer_many(reference.config.name, rows, concurrent=True))

@@ -5,7 +5,7 @@
 
 Rules:
 1. Stages run in the issue's order (correctness; the device curve; Sluice end to end with batching on
-   and off; faults: out-of-memory and a killed worker; router CPU per request), each inside its own time
+   and off; an out-of-memory batch; a killed worker; router CPU per request), each inside its own time
    box, and the JSON is rewritten after every stage: a run cut short still returns what it measured.
 2. A stage that fails records its error in the JSON and the next stage still runs; the exit status says
    whether every stage ran and passed its checks.
@@ -75,13 +75,13 @@ class Plan:
             return cls(
                 device, True, TINY, routers, slo_ms=1000.0, lengths=[9, 12, 16], step_s=2.0,
                 rate_fractions=[0.3, 1.0], rate_cap=60.0, curve_warmup=1, curve_reps=3,
-                budgets_s={"correctness": 20, "device_curve": 10, "end_to_end": 25, "faults": 30},
+                budgets_s={"correctness": 20, "device_curve": 10, "end_to_end": 25, "worker_kill": 30},
             )  # fmt: skip
         return cls(
             device, False, BERT_BASE, routers, slo_ms=100.0, lengths=list(range(33, 65, 4)), step_s=8.0,
             rate_fractions=[0.1, 0.25, 0.5, 0.75, 0.9, 1.1, 1.3], rate_cap=8000.0,
             curve_warmup=5, curve_reps=20,
-            budgets_s={"correctness": 40, "device_curve": 50, "end_to_end": 150, "faults": 70},
+            budgets_s={"correctness": 40, "device_curve": 50, "end_to_end": 150, "worker_kill": 80},
         )  # fmt: skip
 
     @property
@@ -232,7 +232,8 @@ class Kit:
             report.stage("correctness", self.correctness)
             report.stage("device_curve", self.curve)
             report.stage("end_to_end", self.end_to_end)
-            report.stage("faults", self.faults)
+            report.stage("oom", self.out_of_memory)
+            report.stage("worker_kill", self.worker_kill)
             report.stage("router_cpu", self.router_cpu)
         finally:
             stop_cluster(self.children)
@@ -251,17 +252,19 @@ class Kit:
 
     def _passed(self) -> bool:
         stages = self.report.data["stages"]
-        wanted = {"cluster", "correctness", "device_curve", "end_to_end", "faults", "router_cpu"}
+        wanted = {"cluster", "correctness", "device_curve", "end_to_end", "oom", "worker_kill", "router_cpu"}
         return (
             not self.report.data["errors"] and wanted <= set(stages)
-            and stages["correctness"]["passed"] and stages["faults"]["passed"]
+            and stages["correctness"]["passed"] and stages["oom"]["passed"]
+            and stages["worker_kill"]["nothing_lost"]
         )  # fmt: skip
 
     def correctness(self) -> dict[str, Any]:
         """Stage 1: served answers against the model in this process on the same device."""
         assert self.client is not None and self.reference is not None
-        names = ["bert", "bert_fp16", "bert_bf16"]
-        local = {name: InProcessModel(self.repository, name, self.plan.device) for name in names}
+        local = {"bert": self.reference}
+        for name in ("bert_fp16", "bert_bf16"):
+            local[name] = InProcessModel(self.repository, name, self.plan.device)
         lengths = [3, *self.plan.lengths, self.plan.shape.buckets[-1]]
         rows = checks.token_rows(self.plan.shape.vocab, lengths, seed=1)
         return checks.correctness(self.client, self.reference, local, rows)
@@ -338,37 +341,31 @@ class Kit:
                 break
         return steps
 
-    def faults(self) -> dict[str, Any]:
-        """Stage 4: an out-of-memory batch (CUDA only), then a worker SIGKILLed under load."""
-        assert self.fleet is not None and self.client is not None
-        figures: dict[str, Any] = {}
-        if self.plan.cuda:
-            shape = self.plan.shape
-            oom = checks.OomPlan(
-                "bert_oom", requests=8, rows=shape.max_batch_size // 8, length=shape.max_positions,
-                vocab=shape.vocab, headroom_bytes=256 << 20,
-            )  # fmt: skip
-            log = self._child("worker-1").log_path
-            figures["oom"] = checks.out_of_memory(
-                self.client, oom, self.plan.device, lambda: log.read_text(errors="replace") if log else ""
-            )
-        else:
-            figures["oom"] = {
-                "skipped": "CPU: no device memory to exhaust (runs on CUDA only)",
-                "passed": True,
-            }
-        figures["worker_kill"] = self._kill()
-        figures["passed"] = figures["oom"]["passed"] and figures["worker_kill"]["nothing_lost"]
-        return figures
+    def out_of_memory(self) -> dict[str, Any]:
+        """Stage 4a: a batch too big for the device memory left (CUDA only) is split or refused, and the
+        worker keeps serving."""
+        assert self.client is not None
+        if not self.plan.cuda:
+            return {"skipped": "CPU: no device memory to exhaust (runs on CUDA only)", "passed": True}
+        shape = self.plan.shape
+        oom = checks.OomPlan(
+            "bert_oom", requests=8, rows=shape.max_batch_size // 8, length=shape.max_positions,
+            vocab=shape.vocab, headroom_bytes=256 << 20,
+        )  # fmt: skip
+        log = self._child("worker-1").log_path
+        return checks.out_of_memory(
+            self.client, oom, self.plan.device, lambda: log.read_text(errors="replace") if log else ""
+        )
 
-    def _kill(self) -> dict[str, Any]:
-        """A second worker (serving `bert`) joins; under load the first is SIGKILLed."""
+    def worker_kill(self) -> dict[str, Any]:
+        """Stage 4b: a second worker (serving `bert`) joins; under load the first is SIGKILLed. After the
+        out-of-memory check: the second worker's warm-up must not meet the memory that check holds."""
         assert self.fleet is not None and self.env is not None
         argv = [sys.executable, "-m", "sluice_inference.cli", "worker", "--repository", str(self.repository),
                 "--etcd", self.etcd_endpoint, "--worker-id", "worker-2", "--models", "bert"]  # fmt: skip
         self.children.append(Child("worker-2", argv, self.logs, self.env.worker_env("worker-2")))
         joined = time.monotonic()
-        left = self._left("faults")
+        left = self._left("worker_kill")
         while checks_accepting(self.fleet) < 2:
             if left() < self.plan.step_s * 2 or not self._child("worker-2").alive():
                 raise RuntimeError("worker-2 did not start serving in time (see worker-2.log)")

@@ -13,9 +13,9 @@ house="$here/wheelhouse"
 python=${PYTHON:-$root/.venv/bin/python}
 limit=$((64 * 1024 * 1024))
 # In the GPU image already (KINDS.md, "Python packages already there") and not version-sensitive for
-# Sluice: left out. protobuf and grpcio stay in: the generated stubs need grpcio >= 1.81 and
-# tritonclient needs protobuf < 7, whatever the image holds.
-present="numpy ml_dtypes packaging urllib3 typing_extensions pyyaml prometheus_client nvidia_ml_py certifi idna requests six"
+# Sluice: left out. The rest stays in, whatever the image holds: the generated stubs need grpcio >= 1.81,
+# tritonclient needs protobuf < 7, pydantic needs a recent typing_extensions (all small but grpcio).
+present="numpy ml_dtypes pyyaml prometheus_client nvidia_ml_py certifi idna requests six"
 
 rm -rf "$house"
 mkdir -p "$house"
