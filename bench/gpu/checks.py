@@ -72,7 +72,7 @@ class Client:
         np.savez(given, **{f"r{i}": tokens for i, tokens in enumerate(requests)})  # type: ignore[arg-type]
         argv = [sys.executable, "-m", "sluice_inference.bench.gpu.triton_requests", "--target", self.target,
                 "--model", model, "--rows", str(given), "--out", str(got)]  # fmt: skip
-        subprocess.run([*argv, *(["--concurrent"] if concurrent else [])], check=True, timeout=300)
+        subprocess.run([*argv, *(["--concurrent"] if concurrent else [])], check=True, timeout=120)
         with np.load(got) as data:
             return [
                 data[f"r{i}"] if f"r{i}" in data.files else str(data[f"e{i}"]) for i in range(len(requests))

@@ -87,12 +87,18 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def pin(pids: list[int], cores: list[int]) -> None:
-    """Keep the processes on `cores` (routers and the load generator on cores of their own)."""
+    """Keep the processes, every thread of them, on `cores` (the routers and the load generator on cores
+    of their own); a thread inherits its creator's mask, but gRPC's and torch's already run."""
     for pid in pids:
         try:
-            os.sched_setaffinity(pid, cores)
-        except ProcessLookupError:
-            continue
+            threads = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+        except FileNotFoundError:
+            continue  # exited
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:
+                continue
 
 
 def batch_totals(metrics_ports: list[int], model: str) -> tuple[float, float]:
