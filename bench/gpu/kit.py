@@ -152,6 +152,7 @@ class Kit:
 
     def __init__(self, plan: Plan, out: Path, work: Path) -> None:
         self.plan, self.out, self.work = plan, out, work
+        self.routers = plan.routers  # 1 if several router processes cannot start here (`start`)
         self.repository = work / "models"
         self.logs = out / "logs"  # the processes' logs come back with the figures
         self.children: list[Child] = []
@@ -177,27 +178,40 @@ class Kit:
         return header
 
     def start(self) -> None:
-        """Write the models, start etcd, the routers and one worker on the device; wait until it serves."""
+        """Write the models, start etcd, the routers and one worker on the device; wait until it serves.
+        If several router processes cannot start (they share a port through SO_REUSEPORT, which a
+        sandboxed kernel may lack), start again with one and say so in the JSON."""
         self.report.data["kit"]["models"] = write_repository(self.repository, self.plan)
         os.environ["SLUICE_WORKER__DEVICE"] = self.plan.device  # the workers' device (config env prefix)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_cluster()
+        except (RuntimeError, TimeoutError) as exc:
+            if self.routers == 1:
+                raise
+            stop_cluster(self.children)
+            self.children.clear()
+            self.report.data["kit"]["router_fallback"] = f"{self.routers} router processes failed ({exc}); 1"
+            self.routers = 1
+            self._start_cluster()
+        self._pin()
+        assert self.fleet is not None
+        self.client = checks.Client(self.fleet.target, self.work)
+        self.reference = InProcessModel(self.repository, "bert", self.plan.device)
+
+    def _start_cluster(self) -> None:
         args = argparse.Namespace(
             etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None, workers=1,
-            repository=self.repository, ready_timeout=240.0, router_processes=self.plan.routers,
+            repository=self.repository, ready_timeout=240.0, router_processes=self.routers,
         )  # fmt: skip
         started = time.monotonic()
-        self.logs.mkdir(parents=True, exist_ok=True)
         self.env = start_cluster(args, self.work / "data", self.logs, self.children, threading.Event())
         self.report.data["kit"]["cluster_start_s"] = round(time.monotonic() - started, 2)
         self.etcd_endpoint = f"127.0.0.1:{args.etcd_port}"
         ports = (
-            [args.metrics_port + i for i in range(self.plan.routers)]
-            if self.plan.routers > 1
-            else [args.metrics_port]
+            [args.metrics_port + i for i in range(self.routers)] if self.routers > 1 else [args.metrics_port]
         )
         self.fleet = Fleet(f"127.0.0.1:{args.port}", ports, self._child("router").process.pid)
-        self._pin()
-        self.client = checks.Client(self.fleet.target, self.work)
-        self.reference = InProcessModel(self.repository, "bert", self.plan.device)
 
     def _pin(self) -> None:
         """On a machine of 8+ cores: the load generator (this process) on 4 cores, the routers on 2 per
@@ -206,14 +220,18 @@ class Kit:
         if cores < 8 or self.fleet is None:
             self.report.data["kit"]["pinning"] = f"none ({cores} cores)"
             return
-        routers_end = min(cores - 2, 4 + 2 * self.plan.routers)
+        routers_end = min(cores - 2, 4 + 2 * self.routers)
         layout = {"loadgen": list(range(0, 4)), "routers": list(range(4, routers_end)),
                   "worker_and_etcd": list(range(routers_end, cores))}  # fmt: skip
-        pin([os.getpid()], layout["loadgen"])
-        pin(tree_pids(self.fleet.router_pid), layout["routers"])
-        for child in self.children:
-            if child.name != "router":
-                pin(tree_pids(child.process.pid), layout["worker_and_etcd"])
+        try:
+            pin([os.getpid()], layout["loadgen"])
+            pin(tree_pids(self.fleet.router_pid), layout["routers"])
+            for child in self.children:
+                if child.name != "router":
+                    pin(tree_pids(child.process.pid), layout["worker_and_etcd"])
+        except OSError as exc:  # a sandbox may refuse affinity: measure unpinned, and say so
+            self.report.data["kit"]["pinning"] = f"refused ({exc}): none"
+            return
         self.report.data["kit"]["pinning"] = layout
 
     def _child(self, name: str) -> Child:
@@ -246,7 +264,7 @@ class Kit:
     def _cluster_stage(self) -> dict[str, Any]:
         self.start()
         return {
-            "routers": self.plan.routers,
+            "routers": self.routers,
             "workers": 1,
             "start_s": self.report.data["kit"]["cluster_start_s"],
         }
@@ -389,7 +407,7 @@ class Kit:
         step = next(s for s in e2e["steps"] if s["model"] == "bert" and s["rate"] == best_rate)
         per_ok = step["router_cpu_ms_per_ok"]
         return {
-            "rate": best_rate, "routers": self.plan.routers, "router_cpu_s": step["router_cpu_s"],
+            "rate": best_rate, "routers": self.routers, "router_cpu_s": step["router_cpu_s"],
             "router_cpu_ms_per_request": per_ok,
             "requests_per_router_core_s": 1000.0 / per_ok if per_ok else None,
             "note": "CPU of every router process (user + system, /proc) over the step, per OK answer",
