@@ -246,11 +246,16 @@ def certs_dev(directory: Path, worker_ids: tuple[str, ...] = ()) -> int:
     return EXIT_OK
 
 
-def models_init(repository: Path) -> int:
-    """Write the demo model repository."""
-    from sluice_inference.worker.demo_models import init_demo_repository
+def models_init(repository: Path, *, gpu: bool = False) -> int:
+    """Write the demo model repository (`gpu`: the transformer-sized models instead)."""
+    if gpu:
+        from sluice_inference.worker.demo_transformer import init_gpu_repository
 
-    written = init_demo_repository(repository)
+        written = init_gpu_repository(repository)
+    else:
+        from sluice_inference.worker.demo_models import init_demo_repository
+
+        written = init_demo_repository(repository)
     for path in written:
         print(f"wrote {path}")
     return EXIT_OK

@@ -231,6 +231,12 @@ def _add_tool_commands(sub: argparse._SubParsersAction[SubcommandParser]) -> Non
         FROM_FLAGS,
     )
     init.add_argument("--repository", type=Path, default=Path("models"), help="where (default models/)")
+    init.add_argument(
+        "--gpu",
+        action="store_true",
+        help="instead: the transformer-sized encoder (BERT-base shape, random weights) `bert`, and "
+        "`bert_fp16`/`bert_bf16` for CUDA workers only; ~1.3 GB, use a folder of its own",
+    )
     check = add_command(
         models_sub,
         "check",
@@ -299,7 +305,7 @@ def _run_offline(args: argparse.Namespace) -> int | None:
 
         return check_repository(args.repository, load=not args.no_load)
     if args.command == "models":
-        return commands.models_init(args.repository)
+        return commands.models_init(args.repository, gpu=args.gpu)
     if args.command == "keys":
         return commands.hash_key(sys.stdin.readline().strip() if args.key == "-" else args.key)
     if args.command == "health":

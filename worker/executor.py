@@ -37,6 +37,7 @@ from sluice_inference.common.errors import Internal, InvalidArgument, SluiceErro
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.common.tensors import DATATYPES
 from sluice_inference.worker.backends import Backend, load_backend
+from sluice_inference.worker.device_copies import DeviceCopies
 from sluice_inference.worker.faults import is_fatal_device_error
 from sluice_inference.worker.isolation import isolate
 from sluice_inference.worker.model_config import ModelConfig
@@ -146,8 +147,8 @@ class Executor:
         # Intra-op threads: 1 by default, since several workers share small machines and more threads
         # make latency swing wildly under contention (DEPENDENCIES.md, PyTorch).
         torch.set_num_threads(torch_threads)
-        cuda = self.device.type == "cuda"
-        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
+        self._copies = DeviceCopies(self.device)
+        self._copy_stream = self._copies.stream
         self._fault: Internal | None = None
 
     @property
@@ -321,27 +322,10 @@ class Executor:
         return outcomes
 
     def _to_device(self, array: Array) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if self._copy_stream is None:
-            return tensor.to(self.device)
-        # Pinned staging makes the host→device copy asynchronous, and the copy stream lets it run while
-        # the compute stream is busy with the previous batch; `record_stream` tells the caching allocator
-        # the compute stream uses the result, so its memory is not reused too early.
-        with torch.cuda.stream(self._copy_stream):
-            on_device = tensor.pin_memory().to(self.device, non_blocking=True)
-        on_device.record_stream(torch.cuda.current_stream(self.device))
-        return on_device
+        return self._copies.to_device(array)
 
     def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, Array]:
-        if self.device.type != "cuda":
-            return {name: t.detach().cpu().numpy() for name, t in tensors.items()}
-        staged = {}
-        for name, t in tensors.items():
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t.detach(), non_blocking=True)
-            staged[name] = host
-        torch.cuda.synchronize(self.device)
-        return {name: host.numpy() for name, host in staged.items()}
+        return self._copies.to_host(tensors)
 
 
 def _model_error(model: LoadedModel, rows: int, exc: BaseException) -> Internal:
