@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +16,31 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = {"cluster", "correctness", "device_curve", "end_to_end", "oom", "worker_kill", "router_cpu"}
-BUDGET_S = 90.0
-"""The rehearsal's stated bound on a 2-core machine (measured: about 40 s)."""
 
 
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, float]:
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("gpu-kit")
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
-    started = time.monotonic()
     run = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu" / "run.sh"), "--device", "cpu", "--quick"],
         env=env, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
-    seconds = time.monotonic() - started
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    return json.loads((out / "gpu_kit.json").read_text()), out, seconds
+    return json.loads((out / "gpu_kit.json").read_text()), out
 
 
-def test_every_stage_ran_without_error_inside_the_budget(
-    rehearsal: tuple[dict[str, Any], Path, float],
+def test_every_stage_ran_without_error(
+    rehearsal: tuple[dict[str, Any], Path],
 ) -> None:
-    report, _, seconds = rehearsal
+    report, _ = rehearsal
     assert report["errors"] == {}
     assert set(report["stages"]) == STAGES
     assert report["kit"]["device"] == "cpu" and report["kit"]["quick"] is True
-    assert seconds < BUDGET_S
 
 
 def test_answers_through_the_router_equal_the_model_in_process(
-    rehearsal: tuple[dict[str, Any], Path, float],
+    rehearsal: tuple[dict[str, Any], Path],
 ) -> None:
     correctness = rehearsal[0]["stages"]["correctness"]
     assert correctness["passed"]
@@ -55,7 +49,7 @@ def test_answers_through_the_router_equal_the_model_in_process(
     assert correctness["batched"]["passed"]
 
 
-def test_curve_and_end_to_end_figures_are_there(rehearsal: tuple[dict[str, Any], Path, float]) -> None:
+def test_curve_and_end_to_end_figures_are_there(rehearsal: tuple[dict[str, Any], Path]) -> None:
     stages = rehearsal[0]["stages"]
     curve = stages["device_curve"]["points"]
     assert {p["bucket"] for p in curve} == {8, 16, 32}
@@ -67,7 +61,7 @@ def test_curve_and_end_to_end_figures_are_there(rehearsal: tuple[dict[str, Any],
     assert stages["router_cpu"]["router_cpu_ms_per_request"] > 0
 
 
-def test_a_killed_worker_loses_nothing(rehearsal: tuple[dict[str, Any], Path, float]) -> None:
+def test_a_killed_worker_loses_nothing(rehearsal: tuple[dict[str, Any], Path]) -> None:
     stages = rehearsal[0]["stages"]
     kill = stages["worker_kill"]
     assert kill["nothing_lost"] and kill["lost"] == 0
@@ -75,7 +69,7 @@ def test_a_killed_worker_loses_nothing(rehearsal: tuple[dict[str, Any], Path, fl
     assert "skipped" in stages["oom"]  # CUDA only; says why
 
 
-def test_plot_and_logs_come_back(rehearsal: tuple[dict[str, Any], Path, float]) -> None:
-    report, out, _ = rehearsal
+def test_plot_and_logs_come_back(rehearsal: tuple[dict[str, Any], Path]) -> None:
+    report, out = rehearsal
     assert (out / report["plot"]["path"]).read_bytes().startswith(b"\x89PNG")
     assert {p.name for p in (out / "logs").iterdir()} >= {"etcd.log", "router.log", "worker-1.log"}
