@@ -123,13 +123,6 @@ class RouterServer:
             admin_keys=settings.admin_keys,
             require_api_key=config.admission.require_api_key,
         )
-        self.receives = ReceiveGate(
-            self.peers.current_directory,
-            self.metrics,
-            max_receives=settings.tenant_max_receives,
-            max_streams=settings.tenant_max_streams,
-            receive_timeout_s=settings.receive_timeout_s,
-        )
         self.redis = open_redis(_redis_options(config)) if config.redis.url else None
         self.cache = CacheGate(
             _cache_store(config, self.redis, self.clock, self.metrics), config.cache, self.metrics
@@ -148,6 +141,14 @@ class RouterServer:
         self.malformed = MalformedBodies(self.clock)
         self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
         self.queue_probe = QueueProbe(self.door, self.metrics)
+        self.receives = ReceiveGate(
+            self.peers.current_directory,
+            self.metrics,
+            probe_token=self.queue_probe.token,
+            max_receives=settings.tenant_max_receives,
+            max_streams=settings.tenant_max_streams,
+            receive_timeout_s=settings.receive_timeout_s,
+        )
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
