@@ -3,8 +3,9 @@
 - Slow writers: bodies that never finish arriving hold at most `router.tenant_max_receives` of their
   tenant's receive slots (more calls of that tenant are refused `receives_busy`), are cut after
   `router.receive_timeout_s`, and streams beyond `router.tenant_max_streams` are refused unread.
-- Slow readers: an answer the client does not read stays counted in `router.max_inflight_bytes` until
-  its call ends, so the budget refuses new work instead of the router growing past it.
+- Slow readers: an answer the client does not read, of `ModelInfer` or of a stream, stays counted in
+  `router.max_inflight_bytes` until its call ends, so the budget refuses new work instead of the router
+  growing past it.
 
 Before router/receive_gate.py a tenant could keep any number of bodies arriving, and answers left the
 budget before gRPC had written them (a non-reading client held them at no cost to the budget). The
@@ -160,3 +161,26 @@ async def test_unread_answers_stay_in_the_budget_until_their_calls_end(
         await reader.close()
     await eventually(lambda: router.inflight_bytes.used == 0, 10, "the unread answers to be let go")
     assert (await call(router, "other-key", rows=32))[:2] == ("OK", "")
+
+
+async def test_unread_stream_answers_stay_in_the_budget(make_router: MakeRouter, spawn: Spawn) -> None:
+    router = await serving_router(make_router, spawn, RouterSettings(listen="127.0.0.1:0", metrics_port=0))
+    status, _, answer_size = await call(router, "other-key", rows=32)
+    assert status == "OK"
+    message = grpc_message(synthetic_request(rows=32).SerializeToString())
+    reader = await RawH2.connect(router.port, window=0)
+    try:
+        stream = await reader.call(STREAM, SLOW, message * 6, end=False)  # six requests, one DATA frame
+        # Six answers are ready; none can be written, so every one of them stays counted.
+        await eventually(
+            lambda: router.inflight_bytes.used >= 6 * ANSWER_COPIES * answer_size * 0.95,
+            20,
+            "six unwritten stream answers in the budget",
+        )
+        await asyncio.sleep(0.2)
+        assert stream not in reader.ended and reader.data_bytes == 0
+        assert router.inflight_bytes.used >= 6 * ANSWER_COPIES * answer_size * 0.95
+    finally:
+        await reader.close()
+    await eventually(lambda: router.inflight_bytes.used == 0, 10, "the unread answers to be let go")
+    assert not router.receives.streams.held
