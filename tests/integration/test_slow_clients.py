@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
 
-from sluice_inference.common.config import RouterSettings, TenantSettings
+from sluice_inference.common.config import EtcdSettings, RouterSettings, TenantSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.tenants import hash_api_key
 from sluice_inference.router.servicer import ANSWER_COPIES
 from tests.integration.conftest import MakeRouter, Spawn
-from tests.support.processes import eventually
+from tests.integration.test_auth_memory import answers, peak_rss
+from tests.support.processes import eventually, wait_until
 from tests.support.raw_h2 import RawH2, grpc_message
+from tests.support.router_process import RouterProcess
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -39,6 +42,12 @@ TENANTS = {
     for name in ("slow", "other")
 }
 SLOW = {"authorization": "Bearer slow-key"}
+UPLOADS = 32
+"""Slow 16 MiB uploads of one tenant at once; each sends 15 MiB and stops."""
+RSS_BOUND = 150 * 1024 * 1024
+"""Growth allowed for the router's peak RSS under `UPLOADS`: two bodies arriving (the default
+`router.tenant_max_receives`) and what flow control lets the others send before they are refused.
+Measured 22-23 MiB for 16 and 48 uploads; before the receive gate 231 and 667 MiB (~14 MiB per upload)."""
 
 
 def synthetic_request(rows: int = 1) -> kserve.ModelInferRequest:
@@ -184,3 +193,37 @@ async def test_unread_stream_answers_stay_in_the_budget(make_router: MakeRouter,
         await reader.close()
     await eventually(lambda: router.inflight_bytes.used == 0, 10, "the unread answers to be let go")
     assert not router.receives.streams.held
+
+
+def test_slow_uploads_do_not_grow_the_router(
+    etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path
+) -> None:
+    config: dict[str, object] = {"tenants": {"slow": {"api_keys": [hash_api_key("slow-key")]}}}
+    router = RouterProcess("r-uploads", etcd_settings, tmp_path, config, cluster_token)
+    try:
+        wait_until(
+            lambda: answers(router.addr) or router.process.poll() is not None, 60, "the router to listen"
+        )
+        assert router.process.poll() is None, router.log()
+        before = peak_rss(router.process.pid)
+
+        async def uploads() -> None:
+            clients = [await RawH2.connect(router.port, window=65_535) for _ in range(4)]
+
+            async def upload(client: RawH2) -> None:
+                head = grpc_message(b"", declared=16 * 1024 * 1024 - 1024)
+                stream = await client.call(INFER, SLOW, head, end=False)
+                await asyncio.wait_for(client.send(stream, bytes(15 * 1024 * 1024)), 60)
+
+            try:
+                await asyncio.gather(*(upload(clients[i % len(clients)]) for i in range(UPLOADS)))
+                await asyncio.sleep(1.5)  # past the slot wait: whatever was to be refused is
+            finally:
+                for client in clients:
+                    await client.close()
+
+        asyncio.run(uploads())
+        grown = peak_rss(router.process.pid) - before
+        assert grown < RSS_BOUND, f"router peak RSS grew by {grown / 2**20:.0f} MiB"
+    finally:
+        router.kill()

@@ -4,8 +4,9 @@ the stream window the client announced, 0 by default).
 
 It speaks just enough of RFC 9113 for that: the preface, SETTINGS (acknowledged), PING (answered, so
 keepalive sees a live peer), HEADERS with HPACK literals (RFC 7541 §6.2.2, no Huffman, no table), DATA,
-and it notes which streams the server ended (END_STREAM or RST_STREAM) or has begun to answer. It decodes
-nothing the server sends beyond frame types and flags.
+and it notes which streams the server ended (END_STREAM or RST_STREAM) or has begun to answer. `send`
+honours the server's flow control (its SETTINGS and WINDOW_UPDATEs), so a body goes only as fast as the
+server asks for it. It decodes nothing the server sends beyond frame types, flags and those windows.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import contextlib
 import struct
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+DEFAULT_WINDOW = 65_535
+MAX_FRAME = 16_384
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -61,6 +64,10 @@ class RawH2:
         self.ended: set[int] = set()
         """Streams the server ended (END_STREAM, RST_STREAM, or a GOAWAY past them)."""
         self.data_bytes = 0
+        self._initial_window = DEFAULT_WINDOW
+        self._connection_window = DEFAULT_WINDOW
+        self._stream_windows: dict[int, int] = {}
+        self._window_moved = asyncio.Event()
         self._reading = asyncio.create_task(self._read())
 
     @classmethod
@@ -90,13 +97,31 @@ class RawH2:
             **metadata,
         }
         block = b"".join(_literal(name, value) for name, value in headers.items())
+        self._stream_windows[stream] = self._initial_window
         self._writer.write(
             _frame(HEADERS, END_HEADERS | (END_STREAM if end and not body else 0), stream, block)
         )
         if body:
-            self._writer.write(_frame(DATA, END_STREAM if end else 0, stream, body))
+            await self.send(stream, body, end=end)
         await self._writer.drain()
         return stream
+
+    async def send(self, stream: int, data: bytes, *, end: bool = False) -> None:
+        """Send `data` on `stream` as the server's windows allow (waits while they are closed); stops
+        early if the server ends the stream."""
+        while stream not in self.ended:
+            room = min(self._connection_window, self._stream_windows[stream], MAX_FRAME, len(data))
+            if room > 0 or not data:
+                chunk, data = data[:room], data[room:]
+                self._connection_window -= len(chunk)
+                self._stream_windows[stream] -= len(chunk)
+                self._writer.write(_frame(DATA, END_STREAM if end and not data else 0, stream, chunk))
+                await self._writer.drain()
+                if not data:
+                    return
+                continue
+            self._window_moved.clear()
+            await self._window_moved.wait()
 
     async def close(self) -> None:
         """Close the connection (the server sees every open stream end)."""
@@ -116,7 +141,15 @@ class RawH2:
                 stream = int.from_bytes(head[5:], "big") & 0x7FFFFFFF
                 payload = await self._reader.readexactly(length)
                 if kind == SETTINGS and not flags & ACK:
+                    self._settings(payload)
                     self._writer.write(_frame(SETTINGS, ACK, 0))
+                elif kind == WINDOW_UPDATE:
+                    grant = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+                    if stream == 0:
+                        self._connection_window += grant
+                    elif stream in self._stream_windows:
+                        self._stream_windows[stream] += grant
+                    self._window_moved.set()
                 elif kind == PING and not flags & ACK:
                     self._writer.write(_frame(PING, ACK, 0, payload))
                 elif kind in (HEADERS, DATA):
@@ -126,6 +159,18 @@ class RawH2:
                         self.ended.add(stream)
                 elif kind == RST_STREAM:
                     self.ended.add(stream)
-                elif kind == GOAWAY:
+                if kind in (RST_STREAM, GOAWAY) or flags & END_STREAM:
+                    self._window_moved.set()  # a sender waiting on an ended stream must look again
+                if kind == GOAWAY:
                     last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
                     self.ended.update(range(last + 2, self._next_stream, 2))
+
+    def _settings(self, payload: bytes) -> None:
+        """Apply a change of the server's initial stream window to every open stream (RFC 9113 §6.9.2)."""
+        for offset in range(0, len(payload) - 5, 6):
+            key, value = struct.unpack(">HI", payload[offset : offset + 6])
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                for stream in self._stream_windows:
+                    self._stream_windows[stream] += value - self._initial_window
+                self._initial_window = value
+        self._window_moved.set()
