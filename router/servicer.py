@@ -7,7 +7,7 @@ the boundary once, in `sluice_inference.common.grpc_errors.abort` (in-band for `
 An answer is held against the in-flight byte budget until gRPC has written it: the data plane gives its
 bytes back when the call's result is ready, and a client that does not read can keep the answer in the
 router long after that. So each answer is charged again here (`ANSWER_COPIES` times its size), in the same
-step of the event loop in which the data plane let go of more than that, and given back once written:
+step of the event loop in which the data plane let go of the call's bytes, and given back once written:
 for `ModelInfer` when the call has ended (`context.add_done_callback` runs after grpc.aio's batch that
 sends the message and the status completes, or the call is cancelled), for a stream once its `yield` has
 returned (grpc.aio resumes the handler only after the write completed).
@@ -213,8 +213,9 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     def _hold(self, answer: kserve.ModelInferResponse | kserve.ModelStreamInferResponse) -> int:
         """Charge an answer to the budget until it is written (RESOURCE_EXHAUSTED beyond it). Called with
         no await since the data plane released what the call held (its body, inputs and twice the expected
-        answer), so this is refused only when the budget is nearly full or the answer is larger than
-        expected: the answer is dropped and the client told to retry, rather than held past the budget."""
+        answer), so this is refused only when the budget is nearly full or the answer's copies exceed what
+        the call held: the answer is dropped and the client told to retry, rather than held past the
+        budget."""
         size = ANSWER_COPIES * answer.ByteSize()
         self._bytes.acquire(size)
         return size
