@@ -179,6 +179,21 @@ class RouterSettings(_Section):
     stream_max_inflight: int = Field(default=64, ge=1, le=10_000)
     """Requests of one `ModelStreamInfer` stream served at once; the router stops reading the stream
     (backpressure) until one of them has been answered."""
+    tenant_max_receives: int = Field(default=2, ge=1, le=1024)
+    """`ModelInfer` bodies one tenant may have arriving at once. More calls of the tenant wait, unread, for
+    up to `RECEIVE_SLOT_WAIT_S` (router/receive_gate.py), then are refused RESOURCE_EXHAUSTED with a retry
+    hint: slow uploads hold at most this many bodies of `max_message_bytes` per tenant."""
+    tenant_max_streams: int = Field(default=2, ge=1, le=1024)
+    """`ModelStreamInfer` streams one tenant may have open at once (each may be receiving one message);
+    more are refused RESOURCE_EXHAUSTED with a retry hint before anything of them is read."""
+    receive_timeout_s: float = Field(default=30.0, gt=0)
+    """A `ModelInfer` body must have arrived this long after the call did (waiting for a receive slot
+    included); a slower one is refused DEADLINE_EXCEEDED and its bytes are let go."""
+    max_concurrent_streams: int = Field(default=1024, ge=1, le=65_536)
+    """HTTP/2 streams (calls) one client connection may have open at once on the client port
+    (`grpc.max_concurrent_streams`); a client queues the calls beyond it once it has the router's
+    settings, and a call opened beyond it before then fails UNAVAILABLE (REFUSED_STREAM). gRPC clients
+    share one connection per target across channels, so keep it above a client's burst."""
     watchdog_s: float = Field(default=5.0, gt=0)
     """A decision loop that has not ticked for this long is declared stuck: what it held is failed and
     health turns NOT_SERVING, so the orchestrator restarts the router."""
@@ -589,9 +604,15 @@ class SluiceConfig(_Section):
 
 ROUTER_BASELINE_BYTES = 128 * 1024 * 1024
 """A router's resident memory with nothing in flight (measured ≈ 70 MB: Python, gRPC, numpy, protobuf)."""
-CONCURRENT_RECEIVES = 4
-"""Request bodies counted as being received at once, each up to `router.max_message_bytes`, before their
-size is charged to the in-flight budget (headroom; docs/security.md explains the assumption)."""
+
+
+def concurrent_receives(config: SluiceConfig) -> int:
+    """Request bodies a router may be receiving at once, before their size is charged to the in-flight
+    budget: each configured tenant's `ModelInfer` receive slots and open streams (one message arriving
+    each). Calls without a valid key are refused unread, and etcd overrides never add tenants, so the
+    configured tenants are all there can be (docs/security.md, "The router's memory adds up")."""
+    router = config.router
+    return len(config.tenants) * (router.tenant_max_receives + router.tenant_max_streams)
 
 
 def router_memory_bound(config: SluiceConfig) -> dict[str, int]:
@@ -600,7 +621,7 @@ def router_memory_bound(config: SluiceConfig) -> dict[str, int]:
     return {
         "baseline": ROUTER_BASELINE_BYTES,
         "in-flight requests": config.router.max_inflight_bytes,
-        "receives": CONCURRENT_RECEIVES * config.router.max_message_bytes,
+        "receives": concurrent_receives(config) * config.router.max_message_bytes,
         "result cache": config.cache.memory_bytes if config.cache.enabled else 0,
         "idempotency records": 0 if config.redis.url else config.idempotency.max_bytes,
     }

@@ -50,6 +50,7 @@ from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.door import Door
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.queue_probe import QueueProbe
+from sluice_inference.router.receive_gate import ReceiveGate
 from sluice_inference.router.servicer import InferenceServicer, RouterAdminServicer
 from sluice_inference.router.status import INFERENCE_SERVICE, StatusLoop
 from sluice_inference.router.stores.cache_store import ResultCacheStore
@@ -140,6 +141,14 @@ class RouterServer:
         self.malformed = MalformedBodies(self.clock)
         self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
         self.queue_probe = QueueProbe(self.door, self.metrics)
+        self.receives = ReceiveGate(
+            self.peers.current_directory,
+            self.metrics,
+            probe_token=self.queue_probe.token,
+            max_receives=settings.tenant_max_receives,
+            max_streams=settings.tenant_max_streams,
+            receive_timeout_s=settings.receive_timeout_s,
+        )
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(
             driver=self.driver,
@@ -179,7 +188,11 @@ class RouterServer:
     def _servicers(self, server: grpc.aio.Server) -> None:
         door = FrontDoor(self.door, self.metrics, self.queue_probe.token, self.queue_probe.arrived)
         inference = InferenceServicer(
-            self.dataplane, settings=self.config.router, malformed=self.malformed, door=door
+            self.dataplane,
+            settings=self.config.router,
+            malformed=self.malformed,
+            inflight_bytes=self.inflight_bytes,
+            door=door,
         )
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
@@ -216,12 +229,14 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
-            interceptors=[GateInterceptor(self.access.check_call)],
+            # The auth gate first: a call it refuses never takes a receive slot.
+            interceptors=[GateInterceptor(self.access.check_call), self.receives],
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
+                ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
             ],
         )
         self._servicers(server)

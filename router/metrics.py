@@ -101,7 +101,7 @@ class RouterMetrics:
         )  # fmt: skip
         self.inflight_bytes = Gauge(
             "sluice_router_inflight_bytes", "Bytes held for requests being served (bodies and expected "
-            "responses), against router.max_inflight_bytes", registry=r,
+            "responses) and answers not yet written, against router.max_inflight_bytes", registry=r,
         )  # fmt: skip
         self.token_level = Gauge(
             "sluice_router_token_bucket_level", "Tokens left in this router's share of a rate limit "

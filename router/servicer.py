@@ -3,6 +3,14 @@
 `InferenceServicer` only translates: each method converts protobuf → domain objects
 (`router/kserve_codec.py`), asks the data plane (`router/dataplane.py`), and converts back; errors cross
 the boundary once, in `sluice_inference.common.grpc_errors.abort` (in-band for `ModelStreamInfer`).
+
+An answer is held against the in-flight byte budget until gRPC has written it: the data plane gives its
+bytes back when the call's result is ready, and a client that does not read can keep the answer in the
+router long after that. So each answer is charged again here (`ANSWER_COPIES` times its size), in the same
+step of the event loop in which the data plane let go of the call's bytes, and given back once written:
+for `ModelInfer` when the call has ended (`context.add_done_callback` runs after grpc.aio's batch that
+sends the message and the status completes, or the call is cancelled), for a stream once its `yield` has
+returned (grpc.aio resumes the handler only after the write completed).
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import grpc
 
@@ -35,6 +43,7 @@ from sluice_inference.router.kserve_codec import (
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.membership import Membership
 from sluice_inference.router.peers import PeerView
+from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
@@ -48,6 +57,9 @@ _STATE = {
 }
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+ANSWER_COPIES = 3
+"""Copies of an answer alive while gRPC writes it: the message, its encoding (grpc.aio serializes it into
+`bytes`) and the transport's own copy (`SendMessageOperation` copies the bytes into a core slice)."""
 
 
 class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
@@ -59,9 +71,11 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         *,
         settings: RouterSettings,
         malformed: MalformedBodies,
+        inflight_bytes: ByteBudget,
         door: FrontDoor | None = None,
     ) -> None:
         self._plane = plane
+        self._bytes = inflight_bytes
         self._door = door
         self._stream_max_inflight = settings.stream_max_inflight
         self._malformed = malformed
@@ -108,39 +122,32 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: kserve.ModelInferRequest, context: Context
     ) -> kserve.ModelInferResponse:
-        """One request through the data plane."""
+        """One request through the data plane; its answer held against the budget until written."""
         try:
-            return await self._infer(request, context)
+            response = await self._infer(request, context)
+            held = self._hold(response)
         except SluiceError as err:
             await abort(context, err)
+
+        def written(_: Context) -> None:
+            self._bytes.release(held)
+
+        context.add_done_callback(cast(Any, written))  # grpc-stubs type the callback as a private class
+        return response
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[kserve.ModelInferRequest | Malformed], context: Context
     ) -> AsyncIterator[kserve.ModelStreamInferResponse]:
         """Requests are served concurrently, at most `stream_max_inflight` at once: the stream is not read
         further until an answer has been written (backpressure). Every request gets exactly one response,
-        its result or its error in-band, in completion order."""
-        answers: asyncio.Queue[kserve.ModelStreamInferResponse | None] = asyncio.Queue()
+        its result or its error in-band, in completion order. An answer waiting to be written holds its
+        bytes against the budget (up to `stream_max_inflight` of them while the client does not read)."""
+        answers: asyncio.Queue[tuple[kserve.ModelStreamInferResponse, int] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._stream_max_inflight)
         tasks: set[asyncio.Task[None]] = set()
 
         async def serve_one(request: kserve.ModelInferRequest | Malformed) -> None:
-            answer = kserve.ModelStreamInferResponse()
-            try:
-                if self._door is not None and not self._door.door.admit():
-                    self._door.metrics.door_refused.inc()
-                    raise OVERLOADED
-                if isinstance(request, Malformed):
-                    self._malformed.seen("inference.GRPCInferenceService/ModelStreamInfer", request)
-                    raise request.error()
-                answer.infer_response.CopyFrom(await self._infer(request, context))
-            except SluiceError as err:
-                _error_in_band(answer, request, err)
-            except Exception as exc:  # never leave a stream request unanswered, whatever failed
-                log.exception("stream request failed on an unexpected error")
-                _error_in_band(answer, request, Internal(f"internal error ({type(exc).__name__})"))
-            finally:
-                answers.put_nowait(answer)
+            answers.put_nowait(await self._stream_answer(request, context))
 
         async def read_all() -> None:
             try:
@@ -155,14 +162,43 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read_all())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
+            while (written := await answers.get()) is not None:
+                answer, held = written
+                try:
+                    yield answer
+                finally:
+                    self._bytes.release(held)
                 slots.release()
         finally:
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
             await asyncio.gather(reader, *list(tasks), return_exceptions=True)
+            while not answers.empty():
+                if (unsent := answers.get_nowait()) is not None:
+                    self._bytes.release(unsent[1])
+
+    async def _stream_answer(
+        self, request: kserve.ModelInferRequest | Malformed, context: Context
+    ) -> tuple[kserve.ModelStreamInferResponse, int]:
+        """One stream request's answer, its result or its error in-band, and the bytes it holds."""
+        answer = kserve.ModelStreamInferResponse()
+        try:
+            if self._door is not None and not self._door.door.admit():
+                self._door.metrics.door_refused.inc()
+                raise OVERLOADED
+            if isinstance(request, Malformed):
+                self._malformed.seen("inference.GRPCInferenceService/ModelStreamInfer", request)
+                raise request.error()
+            answer.infer_response.CopyFrom(await self._infer(request, context))
+            return answer, self._hold(answer)
+        except SluiceError as err:
+            answer.ClearField("infer_response")
+            _error_in_band(answer, request, err)
+        except Exception as exc:  # never leave a stream request unanswered, whatever failed
+            log.exception("stream request failed on an unexpected error")
+            _error_in_band(answer, request, Internal(f"internal error ({type(exc).__name__})"))
+        return answer, 0
 
     async def _infer(self, request: kserve.ModelInferRequest, context: Context) -> kserve.ModelInferResponse:
         metadata = context.invocation_metadata()
@@ -173,6 +209,16 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             trace_parent=extract(metadata),
         )
         return response_from_result(await self._plane.infer(call))
+
+    def _hold(self, answer: kserve.ModelInferResponse | kserve.ModelStreamInferResponse) -> int:
+        """Charge an answer to the budget until it is written (RESOURCE_EXHAUSTED beyond it). Called with
+        no await since the data plane released what the call held (its body, inputs and twice the expected
+        answer), so this is refused only when the budget is nearly full or the answer's copies exceed what
+        the call held: the answer is dropped and the client told to retry, rather than held past the
+        budget."""
+        size = ANSWER_COPIES * answer.ByteSize()
+        self._bytes.acquire(size)
+        return size
 
 
 def _error_in_band(

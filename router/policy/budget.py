@@ -2,8 +2,9 @@
 
 Queues bound what waits, the cache and idempotency stores bound what is kept; this bounds everything a
 router holds for requests it has accepted, wherever they are (decoding, queued, on a worker, being
-encoded), so many large requests at once are refused with RESOURCE_EXHAUSTED instead of growing the
-process past its memory limit (docs/security.md, "Limits").
+encoded, and answers until gRPC has written them: router/servicer.py), so many large requests at once
+are refused with RESOURCE_EXHAUSTED instead of growing the process past its memory limit
+(docs/security.md, "Limits").
 
 Invariant: `used` is the sum of the sizes acquired and not yet released, and never exceeds `limit`.
 """

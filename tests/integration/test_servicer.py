@@ -56,9 +56,10 @@ async def served() -> AsyncIterator[Served]:
     made = make_plane(plane_type=RecordingPlane)
     server = grpc.aio.server()
     bodies = MalformedBodies(made.clock)
-    add_service(
-        server, SERVICE, InferenceServicer(made.plane, settings=RouterSettings(), malformed=bodies), bodies
+    servicer = InferenceServicer(
+        made.plane, settings=RouterSettings(), malformed=bodies, inflight_bytes=made.budget
     )
+    add_service(server, SERVICE, servicer, bodies)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
