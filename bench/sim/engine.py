@@ -148,7 +148,7 @@ class Simulation:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         """Run every arrival to its end; returns the outcomes."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         times, classes = self.plan.times_s, self.plan.classes
         longest = max(c.deadline_ms for c in self.classes) / 1000.0
         stop_at = self.plan.scenario.duration_s + longest + SETTLE_S
@@ -169,7 +169,7 @@ class Simulation:
                     break
                 self._handle(kind, data, now, arrivals_left=i < n)
             self.events += 1
-        return self._result(now, time.perf_counter() - started)
+        return self._result(now, time.perf_counter() - started, time.process_time() - cpu_started)
 
     def _push(self, when: float, kind: int, data: object) -> None:
         heapq.heappush(self._events, (when, next(self._seq), kind, data))
@@ -372,7 +372,7 @@ class Simulation:
             hint=error is not None and error.retry_after_s is not None,
         )  # fmt: skip
 
-    def _result(self, end_s: float, wall_s: float) -> SimResult:
+    def _result(self, end_s: float, wall_s: float, cpu_s: float) -> SimResult:
         missing = [i for i, r in enumerate(self._records) if r is None]
         if missing:
             raise AssertionError(f"{len(missing)} request(s) never ended (first: {missing[0]})")
@@ -385,7 +385,8 @@ class Simulation:
         return SimResult(
             plan=self.plan, records=records, workers=workers, batch_rows=self.batch_rows,
             forward_rows=forwards, cut_reasons=dict(self.cut_reasons), late_rows=self.late_rows,
-            redispatched=self.redispatched, end_s=end_s, wall_s=wall_s, events=self.events,
+            redispatched=self.redispatched, end_s=end_s, wall_s=wall_s, cpu_s=cpu_s,
+            events=self.events,
         )  # fmt: skip
 
 
