@@ -127,8 +127,12 @@ class Lane:
 
     def push(self, request: QueuedRequest) -> None:
         """Queue a request; the lane owns it from now on."""
-        level = self._levels.setdefault(request.priority, _Level())
-        queue = level.tenants.setdefault(request.tenant, _TenantQueue())
+        level = self._levels.get(request.priority)
+        if level is None:
+            level = self._levels[request.priority] = _Level()
+        queue = level.tenants.get(request.tenant)
+        if queue is None:
+            queue = level.tenants[request.tenant] = _TenantQueue()
         heapq.heappush(queue.heap, (request.deadline, request.request_id, request))
         queue.live += 1
         level.arrivals[request.request_id] = request
@@ -192,9 +196,17 @@ class Lane:
         levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
         if not levels:
             return None
-        _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
-        start, name = min((max(level.virtual, q.finish), name) for name, q in level.tenants.items() if q.live)
-        queue = level.tenants[name]
+        if len(levels) == 1:  # the common case: no standing to compare
+            level = levels[0][1]
+        else:
+            _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
+        tenants = level.tenants
+        if len(tenants) == 1:  # one tenant, and it is live: its level holds arrivals
+            ((name, queue),) = tenants.items()
+            start = level.virtual if level.virtual > queue.finish else queue.finish
+        else:
+            start, name = min((max(level.virtual, q.finish), name) for name, q in tenants.items() if q.live)
+            queue = tenants[name]
         while True:
             _, request_id, request = heapq.heappop(queue.heap)
             if request_id in self._requests:

@@ -116,6 +116,11 @@ class IndexedSet:
         return rng.sample(self._items, count)
 
 
+_NONE = IndexedSet()
+"""What `serving` and `free` return for a version no worker has (shared: never mutated). (`or` with a new
+empty set asked the index's `__len__` on every call, several times per request.)"""
+
+
 @dataclass
 class WorkerPool:
     """Every known worker's slot, and the per-version indexes of who serves and who has room."""
@@ -164,8 +169,12 @@ class WorkerPool:
         self.epoch += 1
         accepting, free = slot.accepting, slot.has_free_slot
         for key in slot.models:
-            serving = self._serving.setdefault(key, IndexedSet())
-            room = self._free.setdefault(key, IndexedSet())
+            serving = self._serving.get(key)
+            if serving is None:
+                serving = self._serving[key] = IndexedSet()
+            room = self._free.get(key)
+            if room is None:
+                room = self._free[key] = IndexedSet()
             if accepting:
                 serving.add(slot)
             else:
@@ -184,11 +193,13 @@ class WorkerPool:
 
     def serving(self, key: ModelVersion) -> IndexedSet:
         """Accepting workers that have this model version (do not mutate)."""
-        return self._serving.get(key) or IndexedSet()
+        index = self._serving.get(key)
+        return _NONE if index is None else index
 
     def free(self, key: ModelVersion) -> IndexedSet:
         """Workers that can take a batch of this version now (do not mutate)."""
-        return self._free.get(key) or IndexedSet()
+        index = self._free.get(key)
+        return _NONE if index is None else index
 
     def reserve(self, slot: WorkerSlot, batch_id: int, rows: int, now: float, seconds: float) -> None:
         """A batch of ours, expected to run `seconds`, went to the worker."""
