@@ -91,6 +91,7 @@ class Simulation:
         self.classes = scenario.classes
         self.cores = [core_factory(r, plan) for r in range(scenario.routers)]
         self._warmup = self._warmup_timings()
+        self._per_class = [self._class_constants(c) for c in range(len(self.classes))]
         costs = [c.item_cost for c in scenario.classes]
         self.workers: dict[str, SimWorker] = {}
         ids = iter(worker_ids(scenario.workers))
@@ -131,6 +132,13 @@ class Simulation:
             for router, core in enumerate(self.cores):
                 interval = core.publish_interval_s()
                 self._push(interval * (1 + router / len(self.cores)), PUBLISH, router)
+
+    def _class_constants(self, cls: int) -> tuple[float, int, int]:
+        """What every arrival of a class carries, worked out once: its deadline in seconds, its queued
+        bytes and its cost (rows x the lane's padded length: its shape bucket)."""
+        spec = self.classes[cls]
+        length = self.plan.lanes[cls].shape[0][1][0]
+        return spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, spec.rows * length
 
     def _warmup_timings(self) -> dict[int, float]:
         """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest
@@ -294,26 +302,19 @@ class Simulation:
     def arrive(self, index: int, cls: int, now: float) -> None:
         """Arrival `index` (of class `cls`) reaches a router: the routers in turn, or the class's own."""
         spec = self.classes[cls]
-        deadline = now + spec.deadline_ms / 1000.0 - self.overhead_s
-        lane = self.plan.lanes[cls]
-        length = lane.shape[0][1][0]  # the padded length: the lane's shape bucket
+        deadline_s, input_bytes, cost = self._per_class[cls]
         if spec.placement is None:
             router = index % len(self.cores)
         else:
             router = spec.placement[self._placed[cls] % len(spec.placement)]
             self._placed[cls] += 1
         core = self.cores[router]
+        lane = self.plan.lanes[cls]
+        deadline = now + deadline_s - self.overhead_s
         request = core.new_request(
-            now,
-            lane=lane,
-            rows=spec.rows,
-            deadline=deadline,
-            payload=(index, cls),
-            tenant=spec.tenant,
-            priority=spec.priority,
-            input_bytes=spec.rows * length * BYTES_PER_ROW_ITEM,
-            cost=spec.rows * length,
-        )
+            now, lane=lane, rows=spec.rows, deadline=deadline, payload=(index, cls), tenant=spec.tenant,
+            priority=spec.priority, input_bytes=input_bytes, cost=cost,
+        )  # fmt: skip
         self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now, ticked=False)
 
     def _forward_done(self, worker: SimWorker, now: float) -> None:
@@ -367,7 +368,7 @@ class Simulation:
             cls=cls, scheduled_s=request.arrival, lag_s=0.0,
             latency_s=now - request.arrival + self.overhead_s,
             code="OK" if error is None else error.code.name,
-            deadline_s=self.classes[cls].deadline_ms / 1000.0,
+            deadline_s=self._per_class[cls][0],
             reason="" if error is None else error.reason,
             hint=error is not None and error.retry_after_s is not None,
         )  # fmt: skip

@@ -59,6 +59,7 @@ from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
     BatchAnswer,
@@ -337,9 +338,10 @@ class RouterCore:
         else:
             self.breaker.success(worker_id)
             self._allow(worker_id, now)
+        stats, items = self.queues.stats_of(dispatch.lane), answer.items
         for request in dispatch.requests:
             if not request.ended:
-                self._outcome(decision, dispatch, request, answer.items.get(request.request_id), now)
+                self._outcome(decision, dispatch, request, items.get(request.request_id), now, stats=stats)
         return self._then_tick(decision, now)
 
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
@@ -602,7 +604,11 @@ class RouterCore:
         request: QueuedRequest,
         item: ItemAnswer | None,
         now: float,
+        *,
+        stats: LaneStats,
     ) -> None:
+        """End one request of an answered batch (`stats`: its lane's, which learn how much of its budget it
+        used)."""
         if item is None:
             missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
             self._end(decision, request, missing)
@@ -617,7 +623,7 @@ class RouterCore:
         else:
             budget = request.deadline - request.arrival
             if budget > 0:
-                self.queues.stats_of(request.lane).finished((now - request.arrival) / budget)
+                stats.finished((now - request.arrival) / budget)
             queue_s = dispatch.sent_at - request.arrival
             self._end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
 

@@ -162,6 +162,9 @@ class Lane:
 
     def rows_ahead_of(self, priority: int) -> int:
         """Rows queued at this priority or better: what a new request of `priority` waits behind."""
+        if len(self._levels) == 1:  # the common case, without a generator
+            ((only, level),) = self._levels.items()
+            return level.rows if only <= priority else 0
         return sum(level.rows for p, level in self._levels.items() if p <= priority)
 
     def oldest_arrival(self) -> float | None:

@@ -68,7 +68,10 @@ class Queues:
             self.remove(victim.request_id)
         lane.push(request)
         self.stats_of(request.lane).arrived(request.arrival, request.rows)
-        self._arrivals.setdefault(request.lane.model, LaneStats()).arrived(request.arrival, request.rows)
+        model = self._arrivals.get(request.lane.model)
+        if model is None:
+            model = self._arrivals[request.lane.model] = LaneStats()
+        model.arrived(request.arrival, request.rows)
         return victims
 
     def stats_of(self, key: LaneKey) -> LaneStats:
@@ -86,8 +89,9 @@ class Queues:
             if victim is None:
                 raise self._full(request, f"lane {lane.key} holds {len(lane)} requests (its limit)")
             victims.append(victim)
-        excess = self.queued_bytes() - sum(v.size_bytes for v in victims) + request.size_bytes
-        excess -= self.bounds.max_queued_bytes
+        excess = self.queued_bytes() + request.size_bytes - self.bounds.max_queued_bytes
+        for victim in victims:
+            excess -= victim.size_bytes
         if excess > 0:
             chosen = {v.request_id for v in victims}
             candidates = sorted(
@@ -180,4 +184,7 @@ class Queues:
 
     def queued_bytes(self) -> int:
         """Input bytes of the requests waiting in lanes."""
-        return sum(lane.bytes for lane in self.lanes.values())
+        total = 0
+        for lane in self.lanes.values():  # asked per arrival: a loop, not a generator
+            total += lane.bytes
+        return total
