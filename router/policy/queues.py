@@ -136,6 +136,8 @@ class Queues:
     def by_urgency(self, now: float) -> list[Lane]:
         """Non-empty lanes, the one whose most urgent request must start first, first."""
         lanes = [lane for lane in self.lanes.values() if len(lane)]
+        if len(lanes) < 2:  # every tick asks: nothing to order
+            return lanes
         return sorted(lanes, key=lambda ln: (ln.earliest_latest_start() or now, ln.key))
 
     def prune(self) -> None:
