@@ -54,7 +54,15 @@ from sluice_inference.common.errors import (
 )
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
-from sluice_inference.router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
+from sluice_inference.router.policy.batcher import (
+    NO_HOST_COST,
+    AdaptiveBatcher,
+    BatchContext,
+    Batcher,
+    Cut,
+    HostCost,
+    TimerBatcher,
+)
 from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.demand import Demand
@@ -88,6 +96,8 @@ ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 BATCH_S_WEIGHT = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
+MAX_HOST_S = 1.0
+"""Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
 BUSY = "worker_busy"
 Serves = Callable[[str, str], bool]
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
@@ -149,6 +159,8 @@ class RouterCore:
         """Batches in flight per lane (a shape with any is busy: never forgotten)."""
         self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
+        self._host = NO_HOST_COST
+        """The router's own CPU per batch and per row, and whether it is the constraint (`host_load`)."""
 
     # -- requests ---------------------------------------------------------------------------------------
     def new_request(
@@ -387,6 +399,19 @@ class RouterCore:
         """How long a shell waits between two publish rounds (stretched with many routers)."""
         return self.admission.publish_interval_s()
 
+    def host_load(self, now: float, *, batch_s: float, row_s: float, constrained: bool) -> Decision:
+        """What the router's own CPU spends per batch and per row (the shell measures it), and whether it is
+        the constraint now (calls wait to reach the router's code: the door's delay is above its bound).
+        While it is, the adaptive batcher's target is at least the batch the router keeps up with
+        (batcher.py), so batches fill because the router's CPU is short, never at low load. Raises
+        ValueError for a cost outside 0..`MAX_HOST_S`."""
+        for name, value in (("batch_s", batch_s), ("row_s", row_s)):
+            if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
+                raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
+        self._host = HostCost(batch_s, row_s, constrained)
+        self._waiting.clear()  # a lane's last decision to wait was taken at the old cost
+        return self.tick(now)
+
     # -- time -------------------------------------------------------------------------------------------
     def tick(self, now: float) -> Decision:
         """Shed late queued requests, end overdue dispatched ones, find hung workers, reopen breakers, cut
@@ -524,7 +549,7 @@ class RouterCore:
             idle = worker.in_flight_batches == 0 and worker.others == 0
             free_at = max(worker.busy_until, worker.others_free_at)
             share = len(serving) / self.admission.limiter.routers
-            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at)
+            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at, self._host_now(now))
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
                 latest = lane.earliest_latest_start()
@@ -534,6 +559,13 @@ class RouterCore:
                 decision.wake(verdict.when)
                 return
             self._send(decision, worker, lane, verdict.reason, now)
+
+    def _host_now(self, now: float) -> HostCost:
+        """The host's cost with the router's current arrival rate, which only a constrained host needs."""
+        if not self._host.constrained:
+            return self._host
+        host = self._host
+        return HostCost(host.batch_s, host.row_s, True, self.queues.total_arrival_rate(now))
 
     def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
         key = lane.key

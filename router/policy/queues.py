@@ -175,6 +175,10 @@ class Queues:
         arrivals = self._arrivals.get(model)
         return 0.0 if arrivals is None else arrivals.rate(now)
 
+    def total_arrival_rate(self, now: float) -> float:
+        """Rows per second arriving recently at this router, all models together."""
+        return sum(arrivals.rate(now) for arrivals in self._arrivals.values())
+
     def rows_ahead(self, key: LaneKey, priority: int) -> int:
         """Rows a new request of `priority` would wait behind in the lane."""
         lane = self.lanes.get(key)
