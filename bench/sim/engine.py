@@ -36,7 +36,7 @@ from sluice_inference.bench.loadgen_stats import RequestRecord
 from sluice_inference.bench.sim.plan import RunPlan
 from sluice_inference.bench.sim.results import SimResult, WorkerStats
 from sluice_inference.bench.sim.scenario import Failure, SimScenario, worker_ids
-from sluice_inference.bench.sim.workers import Running, SimWorker, class_of
+from sluice_inference.bench.sim.workers import Running, SimWorker
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.core import RouterCore
@@ -359,10 +359,9 @@ class Simulation:
     # -- outcomes -----------------------------------------------------------------------------------------
     def _end(self, request: QueuedRequest, now: float, outcome: Served | SluiceError) -> None:
         assert isinstance(request.payload, tuple)
-        index = request.payload[0]
+        index, cls = request.payload
         if self._records[index] is not None:
             raise AssertionError(f"request {index} ended twice")
-        cls = class_of(request)
         error = outcome if isinstance(outcome, SluiceError) else None
         self._records[index] = RequestRecord(
             cls=cls, scheduled_s=request.arrival, lag_s=0.0,

@@ -535,8 +535,8 @@ class RouterCore:
             return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
 
         while len(lane):
-            serving = self.workers.serving(version)
-            if not len(serving):
+            serving = self.workers.serving_count(version)
+            if not serving:
                 for request in list(lane):
                     lane.remove(request.request_id)
                     self._end(decision, request, _no_worker(key))
@@ -548,7 +548,7 @@ class RouterCore:
                 return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
             idle = worker.in_flight_batches == 0 and worker.others == 0
             free_at = max(worker.busy_until, worker.others_free_at)
-            share = len(serving) / self.admission.limiter.routers
+            share = serving / self.admission.limiter.routers
             ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at, self._host_now(now))
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
@@ -716,7 +716,7 @@ class RouterCore:
     # -- views ------------------------------------------------------------------------------------------
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
-        return len(self.workers.serving((model, version))) > 0
+        return self.workers.serving_count((model, version)) > 0
 
     def rows_ahead(self, key: LaneKey, priority: int) -> int:
         """Rows queued in the lane at this priority or better (admission's view)."""
@@ -725,7 +725,7 @@ class RouterCore:
     def workers_full(self, key: LaneKey) -> bool:
         """Whether every worker serving the lane's version is full (admission's view)."""
         version = (key.model, key.version)
-        return len(self.workers.serving(version)) > 0 and not len(self.workers.free(version))
+        return self.workers.serving_count(version) > 0 and not self.workers.free_count(version)
 
     def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
         """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""
@@ -733,7 +733,7 @@ class RouterCore:
         if rows is None:
             rows = lane.rows if lane is not None else 0
         batch = lane.limits.max_batch_size if lane is not None else 1
-        workers = max(1, len(self.workers.serving((key.model, key.version))))
+        workers = max(1, self.workers.serving_count((key.model, key.version)))
         per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
         return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
 

@@ -196,12 +196,14 @@ class Lane:
 
     def pop_next(self, now: float) -> QueuedRequest | None:
         """Take the request that should be served next (see the module docstring), or None."""
-        levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
-        if not levels:
-            return None
-        if len(levels) == 1:  # the common case: no standing to compare
-            level = levels[0][1]
+        if len(self._levels) == 1:  # the common case: no standing to compare
+            ((_, level),) = self._levels.items()
+            if not level.arrivals:
+                return None
         else:
+            levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
+            if not levels:
+                return None
             _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
         tenants = level.tenants
         if len(tenants) == 1:  # one tenant, and it is live: its level holds arrivals

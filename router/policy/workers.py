@@ -201,6 +201,17 @@ class WorkerPool:
         index = self._free.get(key)
         return _NONE if index is None else index
 
+    def serving_count(self, key: ModelVersion) -> int:
+        """How many accepting workers have this model version (asked several times per request: one call,
+        not `len` of `serving`, which is two)."""
+        index = self._serving.get(key)
+        return 0 if index is None else len(index._items)
+
+    def free_count(self, key: ModelVersion) -> int:
+        """How many workers can take a batch of this version now."""
+        index = self._free.get(key)
+        return 0 if index is None else len(index._items)
+
     def reserve(self, slot: WorkerSlot, batch_id: int, rows: int, now: float, seconds: float) -> None:
         """A batch of ours, expected to run `seconds`, went to the worker."""
         if not slot.in_flight_batches:
