@@ -165,7 +165,11 @@ class Lane:
         if len(self._levels) == 1:  # the common case, without a generator
             ((only, level),) = self._levels.items()
             return level.rows if only <= priority else 0
-        return sum(level.rows for p, level in self._levels.items() if p <= priority)
+        rows = 0
+        for level_priority, level in self._levels.items():
+            if level_priority <= priority:
+                rows += level.rows
+        return rows
 
     def oldest_arrival(self) -> float | None:
         """Arrival time of the request that has waited longest."""
@@ -200,11 +204,16 @@ class Lane:
             ((_, level),) = self._levels.items()
             if not level.arrivals:
                 return None
-        else:
-            levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
-            if not levels:
+        else:  # the best standing; the first of equals, in the order levels were created (as `min`)
+            best: tuple[tuple[float, int], _Level] | None = None
+            for priority, candidate in self._levels.items():
+                if candidate.arrivals:
+                    standing = self._standing(priority, candidate, now)
+                    if best is None or standing < best[0]:
+                        best = (standing, candidate)
+            if best is None:
                 return None
-            _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
+            level = best[1]
         tenants = level.tenants
         if len(tenants) == 1:  # one tenant, and it is live: its level holds arrivals
             ((name, queue),) = tenants.items()
