@@ -518,6 +518,8 @@ class RouterCore:
     def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
         key = lane.key
         version = (key.model, key.version)
+        if self.workers.serving_count(version) and not self.workers.free_count(version):
+            return  # every worker is full or breaker-blocked (what the chooser would find below, at once)
         stats = self.queues.stats_of(key)
 
         known: dict[int, float] = {}

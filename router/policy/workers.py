@@ -55,6 +55,8 @@ class WorkerSlot:
     take there)."""
     batches: dict[int, float] = field(default_factory=dict)
     """This router's batches on it: batch id → expected seconds."""
+    indexed: tuple[bool, bool] | None = None
+    """(accepting, has a free slot) as the pool's indexes hold it; None while in none."""
 
     @property
     def held_s(self) -> float:
@@ -167,7 +169,10 @@ class WorkerPool:
     def refresh(self, slot: WorkerSlot) -> None:
         """Put the slot where its current state says, in every index of its models."""
         self.epoch += 1
-        accepting, free = slot.accepting, slot.has_free_slot
+        state = (accepting, free) = (slot.accepting, slot.has_free_slot)
+        if slot.indexed == state:  # most changes (a batch sent or answered) move it in no index
+            return
+        slot.indexed = state
         for key in slot.models:
             serving = self._serving.get(key)
             if serving is None:
@@ -186,6 +191,7 @@ class WorkerPool:
 
     def _unindex(self, slot: WorkerSlot) -> None:
         self.epoch += 1
+        slot.indexed = None
         for key in slot.models:
             for index in (self._serving.get(key), self._free.get(key)):
                 if index is not None:
