@@ -101,6 +101,9 @@ SKIPPED = {
     "sluice sim bench/scenarios/sim_scale.yaml": (
         "1,000 simulated workers: 10-25 s whatever the duration; tests/unit/bench/test_sim.py runs it briefly"
     ),
+    "sluice sim bench/scenarios/sim_scale_bursty.yaml": (
+        "1,000 simulated workers: 10-25 s whatever the duration; test_sim.py loads it (every scenario)"
+    ),
 }
 
 # The doc's own exit code where it is not 0.
