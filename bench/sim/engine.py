@@ -36,7 +36,7 @@ from sluice_inference.bench.loadgen_stats import RequestRecord
 from sluice_inference.bench.sim.plan import RunPlan
 from sluice_inference.bench.sim.results import SimResult, WorkerStats
 from sluice_inference.bench.sim.scenario import Failure, SimScenario, worker_ids
-from sluice_inference.bench.sim.workers import Running, SimWorker, class_of
+from sluice_inference.bench.sim.workers import Running, SimWorker
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.core import RouterCore
@@ -91,6 +91,7 @@ class Simulation:
         self.classes = scenario.classes
         self.cores = [core_factory(r, plan) for r in range(scenario.routers)]
         self._warmup = self._warmup_timings()
+        self._per_class = [self._class_constants(c) for c in range(len(self.classes))]
         costs = [c.item_cost for c in scenario.classes]
         self.workers: dict[str, SimWorker] = {}
         ids = iter(worker_ids(scenario.workers))
@@ -132,6 +133,13 @@ class Simulation:
                 interval = core.publish_interval_s()
                 self._push(interval * (1 + router / len(self.cores)), PUBLISH, router)
 
+    def _class_constants(self, cls: int) -> tuple[float, int, int]:
+        """What every arrival of a class carries, worked out once: its deadline in seconds, its queued
+        bytes and its cost (rows x the lane's padded length: its shape bucket)."""
+        spec = self.classes[cls]
+        length = self.plan.lanes[cls].shape[0][1][0]
+        return spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, spec.rows * length
+
     def _warmup_timings(self) -> dict[int, float]:
         """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest
         shape bucket (as `worker/main.py` times them)."""
@@ -148,7 +156,7 @@ class Simulation:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         """Run every arrival to its end; returns the outcomes."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         times, classes = self.plan.times_s, self.plan.classes
         longest = max(c.deadline_ms for c in self.classes) / 1000.0
         stop_at = self.plan.scenario.duration_s + longest + SETTLE_S
@@ -169,7 +177,7 @@ class Simulation:
                     break
                 self._handle(kind, data, now, arrivals_left=i < n)
             self.events += 1
-        return self._result(now, time.perf_counter() - started)
+        return self._result(now, time.perf_counter() - started, time.process_time() - cpu_started)
 
     def _push(self, when: float, kind: int, data: object) -> None:
         heapq.heappush(self._events, (when, next(self._seq), kind, data))
@@ -294,26 +302,19 @@ class Simulation:
     def arrive(self, index: int, cls: int, now: float) -> None:
         """Arrival `index` (of class `cls`) reaches a router: the routers in turn, or the class's own."""
         spec = self.classes[cls]
-        deadline = now + spec.deadline_ms / 1000.0 - self.overhead_s
-        lane = self.plan.lanes[cls]
-        length = lane.shape[0][1][0]  # the padded length: the lane's shape bucket
+        deadline_s, input_bytes, cost = self._per_class[cls]
         if spec.placement is None:
             router = index % len(self.cores)
         else:
             router = spec.placement[self._placed[cls] % len(spec.placement)]
             self._placed[cls] += 1
         core = self.cores[router]
+        lane = self.plan.lanes[cls]
+        deadline = now + deadline_s - self.overhead_s
         request = core.new_request(
-            now,
-            lane=lane,
-            rows=spec.rows,
-            deadline=deadline,
-            payload=(index, cls),
-            tenant=spec.tenant,
-            priority=spec.priority,
-            input_bytes=spec.rows * length * BYTES_PER_ROW_ITEM,
-            cost=spec.rows * length,
-        )
+            now, lane=lane, rows=spec.rows, deadline=deadline, payload=(index, cls), tenant=spec.tenant,
+            priority=spec.priority, input_bytes=input_bytes, cost=cost,
+        )  # fmt: skip
         self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now, ticked=False)
 
     def _forward_done(self, worker: SimWorker, now: float) -> None:
@@ -358,21 +359,20 @@ class Simulation:
     # -- outcomes -----------------------------------------------------------------------------------------
     def _end(self, request: QueuedRequest, now: float, outcome: Served | SluiceError) -> None:
         assert isinstance(request.payload, tuple)
-        index = request.payload[0]
+        index, cls = request.payload
         if self._records[index] is not None:
             raise AssertionError(f"request {index} ended twice")
-        cls = class_of(request)
         error = outcome if isinstance(outcome, SluiceError) else None
         self._records[index] = RequestRecord(
             cls=cls, scheduled_s=request.arrival, lag_s=0.0,
             latency_s=now - request.arrival + self.overhead_s,
             code="OK" if error is None else error.code.name,
-            deadline_s=self.classes[cls].deadline_ms / 1000.0,
+            deadline_s=self._per_class[cls][0],
             reason="" if error is None else error.reason,
             hint=error is not None and error.retry_after_s is not None,
         )  # fmt: skip
 
-    def _result(self, end_s: float, wall_s: float) -> SimResult:
+    def _result(self, end_s: float, wall_s: float, cpu_s: float) -> SimResult:
         missing = [i for i, r in enumerate(self._records) if r is None]
         if missing:
             raise AssertionError(f"{len(missing)} request(s) never ended (first: {missing[0]})")
@@ -385,7 +385,8 @@ class Simulation:
         return SimResult(
             plan=self.plan, records=records, workers=workers, batch_rows=self.batch_rows,
             forward_rows=forwards, cut_reasons=dict(self.cut_reasons), late_rows=self.late_rows,
-            redispatched=self.redispatched, end_s=end_s, wall_s=wall_s, events=self.events,
+            redispatched=self.redispatched, end_s=end_s, wall_s=wall_s, cpu_s=cpu_s,
+            events=self.events,
         )  # fmt: skip
 
 

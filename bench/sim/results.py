@@ -62,7 +62,10 @@ class SimResult:
     end_s: float
     """Virtual time of the last event."""
     wall_s: float
-    """Wall-clock seconds the run took."""
+    """Wall-clock seconds the run took (the event loop only: building the fleet and registering it with
+    each core is start-up, not counted)."""
+    cpu_s: float
+    """CPU seconds of this process over the same span (what a loaded machine does not distort)."""
     events: int
 
     def summary(self) -> dict[str, Any]:
@@ -158,9 +161,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "tenants": tenant_figures(result),
         "sim": {
             "wall_s": result.wall_s,
+            "cpu_s": result.cpu_s,
             "events": result.events,
             "virtual_end_s": result.end_s,
             "requests_per_wall_s": plan.arrivals / max(result.wall_s, 1e-9),
+            "requests_per_cpu_s": plan.arrivals / max(result.cpu_s, 1e-9),
         },
     }
 

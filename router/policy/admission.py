@@ -133,9 +133,11 @@ class AdmissionController:
         seconds = estimates.batch_seconds(key.model, key.version, request.rows, shape=key.shape)
         return seconds * self.settings.estimate_margin
 
-    def queue_wait_seconds(self, request: QueuedRequest, view: QueueView, limits: LaneLimits) -> float:
+    @staticmethod
+    def queue_wait_seconds(request: QueuedRequest, view: QueueView, full_s: float) -> float:
         """Estimated wait before the request's batch can start, at its priority, under current load
-        (other routers' batches on the workers included: they make the workers full)."""
+        (other routers' batches on the workers included: they make the workers full, and then one full
+        batch, `full_s`, runs before it)."""
         key = request.lane
         ahead = view.rows_ahead(key, request.priority)
         busy = view.workers_full(key)
@@ -143,9 +145,7 @@ class AdmissionController:
             return 0.0
         wait = view.drain_seconds(key, ahead) if ahead else 0.0
         if busy:
-            wait += view.estimates.batch_seconds(
-                key.model, key.version, limits.max_batch_size, shape=key.shape
-            )
+            wait += full_s
         return wait
 
     def admit(self, request: QueuedRequest, limits: LaneLimits, now: float, view: QueueView) -> None:
@@ -154,17 +154,20 @@ class AdmissionController:
         if not self.settings.enabled:
             request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
             return
-        execution = self.execution_seconds(request, view.estimates)
+        key, estimates = request.lane, view.estimates
+        execution = self.execution_seconds(request, estimates)
         if request.tenant != AUDIT_TENANT:
             self.demand.note(request.tenant, now)
         self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
+        # The full batch's time, asked once: the queue wait and the latest start both budget for it.
+        full = estimates.batch_seconds(key.model, key.version, limits.max_batch_size, shape=key.shape)
         try:
-            self._check_deadline(request, execution, now, view, limits)
+            self._check_deadline(request, execution, now, view, full)
         except BaseException:
             self.limiter.release(request.tenant)
             raise
         request.admitted = True
-        request.latest_start = self._latest_start(request, limits, execution, now, view.estimates)
+        request.latest_start = self._latest_start(request, full, execution, now)
 
     def charge(self, tenant: str, now: float) -> None:
         """A request answered without the queue (a cache hit) pays its tenant's rate like one admitted:
@@ -175,26 +178,17 @@ class AdmissionController:
         self.demand.note(tenant, now)
         self.limiter.take(tenant, now)
 
-    def _latest_start(
-        self,
-        request: QueuedRequest,
-        limits: LaneLimits,
-        execution: float,
-        now: float,
-        estimates: ServiceEstimates,
-    ) -> float:
+    def _latest_start(self, request: QueuedRequest, full: float, execution: float, now: float) -> float:
         """When the request must leave the queue: it may ride in a full batch and a worker may hold one more
         full batch ahead of it (two in flight), so budget for both, and keep a reserve for the answer's way
         back — unless only an immediate start can make the deadline. (Budgeting only its own rows let the
         simulator's overloaded workers finish 3-7 % of requests after their deadline.)"""
-        key = request.lane
-        full = estimates.batch_seconds(key.model, key.version, limits.max_batch_size, shape=key.shape)
         reserve = max(MIN_RESERVE_S, RESERVE_FRACTION * (request.deadline - request.arrival))
         conservative = request.deadline - 2 * full * self.settings.estimate_margin - reserve
         return conservative if conservative > now else request.deadline - execution
 
     def _check_deadline(
-        self, request: QueuedRequest, execution: float, now: float, view: QueueView, limits: LaneLimits
+        self, request: QueuedRequest, execution: float, now: float, view: QueueView, full: float
     ) -> None:
         """Refuse a deadline no load could meet (terminal), or one the current state cannot (retryable)."""
         key = request.lane
@@ -207,7 +201,7 @@ class AdmissionController:
                 reason="deadline_too_short",
             )
         budget = request.deadline - now
-        wait = self.queue_wait_seconds(request, view, limits)
+        wait = self.queue_wait_seconds(request, view, full)
         if budget < execution:
             spent = now - request.arrival
             raise Unavailable(

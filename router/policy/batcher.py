@@ -24,6 +24,12 @@ behind a balancer, each sees about 1/N of the traffic and shares every worker wi
   fuller batches cost less device time per item, capacity the autoscaler can reclaim. Hysteresis (enter
   below 40 %, leave above 60 % of the budget at p99) and the budget bound keep the loop stable: a larger
   target raises latency, which moves the lane out of the mode before any deadline is at risk.
+- **the router's own CPU**: each batch also costs the router host CPU (`HostCost`: h per batch, c per row,
+  measured by the shell) — cutting, framing and sending it, and taking its answer apart. While calls wait
+  to reach the router's code (the front door's delay is above its bound: router/policy/door.py), the
+  router's CPU is the constraint, and the target is at least the batch the router itself keeps up with:
+  n_host = λ·h / (1 - Λ·c), Λ the router's arrival rate over all lanes (the full batch when Λ·c ≥ 1).
+  Otherwise the host term is left out: batches fill because the CPU is short, never at low load.
 Under overload n* is the full batch, which maximises throughput; when idle n* = 1, which minimises latency.
 """
 
@@ -50,6 +56,23 @@ def _no_estimate(rows: int) -> float:
     return 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class HostCost:
+    """The router host's own CPU per batch and per row, and whether that CPU is the constraint now."""
+
+    batch_s: float = 0.0
+    """CPU seconds the router spends per batch, whatever its size (cut, frame, send, take apart)."""
+    row_s: float = 0.0
+    """CPU seconds the router spends per row (receive, decode, admit, answer)."""
+    constrained: bool = False
+    """Calls wait to reach the router's code (the door's delay is above its bound)."""
+    rows_per_s: float = 0.0
+    """Rows per second reaching the router, all lanes together."""
+
+
+NO_HOST_COST = HostCost()
+
+
 @dataclass(frozen=True)
 class BatchContext:
     """What a batching decision may look at besides the lane."""
@@ -62,6 +85,8 @@ class BatchContext:
     stats: LaneStats = field(default_factory=LaneStats)
     worker_free_at: float = 0.0
     """When the receiving worker is expected to finish what it already holds (≤ now when idle)."""
+    host: HostCost = NO_HOST_COST
+    """The router's own CPU per batch and per row, and whether it is the constraint."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +165,17 @@ def keep_up_size(rows_per_s: float, workers: float, batch_seconds: BatchSeconds,
     return max(1, min(max_batch, math.ceil(per_worker * a / (1.0 - per_worker * b))))
 
 
+def host_keep_up_size(rows_per_s: float, host: HostCost, max_batch: int) -> int:
+    """The batch the router's own CPU keeps up with while it is the constraint: n = λh / (1 - Λc) (λ the
+    lane's rows per second, Λ the router's); 1 while it is not."""
+    if not host.constrained or host.batch_s <= 0.0:
+        return 1
+    spare = 1.0 - host.rows_per_s * host.row_s
+    if spare <= 0.0:
+        return max_batch
+    return max(1, min(max_batch, math.ceil(rows_per_s * host.batch_s / spare)))
+
+
 class AdaptiveBatcher:
     """Target batch size from the latency model and the arrival rate (see the module docstring)."""
 
@@ -148,6 +184,8 @@ class AdaptiveBatcher:
         limit = lane.limits.max_batch_size
         rate = ctx.stats.rate(ctx.now)
         keep_up = keep_up_size(rate, ctx.workers, ctx.batch_seconds, limit)
+        if ctx.host.constrained:
+            keep_up = max(keep_up, host_keep_up_size(rate, ctx.host, limit))
         if keep_up >= limit:
             return limit
         a, b = latency_line(ctx.batch_seconds, limit)

@@ -54,11 +54,20 @@ from sluice_inference.common.errors import (
 )
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
-from sluice_inference.router.policy.batcher import AdaptiveBatcher, BatchContext, Batcher, Cut, TimerBatcher
+from sluice_inference.router.policy.batcher import (
+    NO_HOST_COST,
+    AdaptiveBatcher,
+    BatchContext,
+    Batcher,
+    Cut,
+    HostCost,
+    TimerBatcher,
+)
 from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
     BatchAnswer,
@@ -87,6 +96,8 @@ ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 BATCH_S_WEIGHT = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
+MAX_HOST_S = 1.0
+"""Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
 BUSY = "worker_busy"
 Serves = Callable[[str, str], bool]
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
@@ -148,6 +159,8 @@ class RouterCore:
         """Batches in flight per lane (a shape with any is busy: never forgotten)."""
         self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
+        self._host = NO_HOST_COST
+        """The router's own CPU per batch and per row, and whether it is the constraint (`host_load`)."""
 
     # -- requests ---------------------------------------------------------------------------------------
     def new_request(
@@ -337,9 +350,10 @@ class RouterCore:
         else:
             self.breaker.success(worker_id)
             self._allow(worker_id, now)
+        stats, items = self.queues.stats_of(dispatch.lane), answer.items
         for request in dispatch.requests:
             if not request.ended:
-                self._outcome(decision, dispatch, request, answer.items.get(request.request_id), now)
+                self._outcome(decision, dispatch, request, items.get(request.request_id), now, stats=stats)
         return self._then_tick(decision, now)
 
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
@@ -384,6 +398,19 @@ class RouterCore:
     def publish_interval_s(self) -> float:
         """How long a shell waits between two publish rounds (stretched with many routers)."""
         return self.admission.publish_interval_s()
+
+    def host_load(self, now: float, *, batch_s: float, row_s: float, constrained: bool) -> Decision:
+        """What the router's own CPU spends per batch and per row (the shell measures it), and whether it is
+        the constraint now (calls wait to reach the router's code: the door's delay is above its bound).
+        While it is, the adaptive batcher's target is at least the batch the router keeps up with
+        (batcher.py), so batches fill because the router's CPU is short, never at low load. Raises
+        ValueError for a cost outside 0..`MAX_HOST_S`."""
+        for name, value in (("batch_s", batch_s), ("row_s", row_s)):
+            if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
+                raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
+        self._host = HostCost(batch_s, row_s, constrained)
+        self._waiting.clear()  # a lane's last decision to wait was taken at the old cost
+        return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------
     def tick(self, now: float) -> Decision:
@@ -491,6 +518,8 @@ class RouterCore:
     def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
         key = lane.key
         version = (key.model, key.version)
+        if self.workers.serving_count(version) and not self.workers.free_count(version):
+            return  # every worker is full or breaker-blocked (what the chooser would find below, at once)
         stats = self.queues.stats_of(key)
 
         known: dict[int, float] = {}
@@ -508,8 +537,8 @@ class RouterCore:
             return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
 
         while len(lane):
-            serving = self.workers.serving(version)
-            if not len(serving):
+            serving = self.workers.serving_count(version)
+            if not serving:
                 for request in list(lane):
                     lane.remove(request.request_id)
                     self._end(decision, request, _no_worker(key))
@@ -521,8 +550,8 @@ class RouterCore:
                 return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
             idle = worker.in_flight_batches == 0 and worker.others == 0
             free_at = max(worker.busy_until, worker.others_free_at)
-            share = len(serving) / self.admission.limiter.routers
-            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at)
+            share = serving / self.admission.limiter.routers
+            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at, self._host_now(now))
             verdict = self.batcher.decide(lane, ctx)
             if not isinstance(verdict, Cut):
                 latest = lane.earliest_latest_start()
@@ -532,6 +561,13 @@ class RouterCore:
                 decision.wake(verdict.when)
                 return
             self._send(decision, worker, lane, verdict.reason, now)
+
+    def _host_now(self, now: float) -> HostCost:
+        """The host's cost with the router's current arrival rate, which only a constrained host needs."""
+        if not self._host.constrained:
+            return self._host
+        host = self._host
+        return HostCost(host.batch_s, host.row_s, True, self.queues.total_arrival_rate(now))
 
     def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
         key = lane.key
@@ -602,7 +638,11 @@ class RouterCore:
         request: QueuedRequest,
         item: ItemAnswer | None,
         now: float,
+        *,
+        stats: LaneStats,
     ) -> None:
+        """End one request of an answered batch (`stats`: its lane's, which learn how much of its budget it
+        used)."""
         if item is None:
             missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
             self._end(decision, request, missing)
@@ -617,7 +657,7 @@ class RouterCore:
         else:
             budget = request.deadline - request.arrival
             if budget > 0:
-                self.queues.stats_of(request.lane).finished((now - request.arrival) / budget)
+                stats.finished((now - request.arrival) / budget)
             queue_s = dispatch.sent_at - request.arrival
             self._end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
 
@@ -678,7 +718,7 @@ class RouterCore:
     # -- views ------------------------------------------------------------------------------------------
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
-        return len(self.workers.serving((model, version))) > 0
+        return self.workers.serving_count((model, version)) > 0
 
     def rows_ahead(self, key: LaneKey, priority: int) -> int:
         """Rows queued in the lane at this priority or better (admission's view)."""
@@ -687,7 +727,7 @@ class RouterCore:
     def workers_full(self, key: LaneKey) -> bool:
         """Whether every worker serving the lane's version is full (admission's view)."""
         version = (key.model, key.version)
-        return len(self.workers.serving(version)) > 0 and not len(self.workers.free(version))
+        return self.workers.serving_count(version) > 0 and not self.workers.free_count(version)
 
     def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
         """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""
@@ -695,7 +735,7 @@ class RouterCore:
         if rows is None:
             rows = lane.rows if lane is not None else 0
         batch = lane.limits.max_batch_size if lane is not None else 1
-        workers = max(1, len(self.workers.serving((key.model, key.version))))
+        workers = max(1, self.workers.serving_count((key.model, key.version)))
         per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
         return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
 

@@ -131,21 +131,18 @@ def publish_interval_s(configured_s: float, routers: int) -> float:
     return max(configured_s, max(1, routers) / CLUSTER_PUBLISHES_PER_S)
 
 
+REBASE_AT = 200.0
+"""Windows after its anchor at which a meter rebases its sums (exp(200) is far from a float's limit)."""
+
+
 @dataclass(slots=True)
 class _Rate:
-    """An exponentially decaying count: `level` events per second as of `updated`."""
+    """An exponentially decaying count, kept as a sum of growing weights: each event at t adds
+    exp((t - anchor) / window) / window, and the rate at `now` is the sum times exp(-(now - anchor) /
+    window). So a meter computes one exponential per event for the tenant's rate and the total together,
+    and none for the others' rates (decaying each rate on every event cost two per event)."""
 
-    level: float = 0.0
-    updated: float = 0.0
-
-    def at(self, now: float, window_s: float) -> float:
-        if now <= self.updated:
-            return self.level
-        return self.level * math.exp(-(now - self.updated) / window_s)
-
-    def add(self, now: float, window_s: float) -> None:
-        self.level = self.at(now, window_s) + 1.0 / window_s
-        self.updated = max(now, self.updated)
+    scaled: float = 0.0
 
 
 class DemandMeter:
@@ -155,18 +152,39 @@ class DemandMeter:
         self.window_s = window_s
         self._tenants: dict[str, _Rate] = {}
         self._total = _Rate()
+        self._anchor: float | None = None
+        """The time the sums are scaled to (the first event, moved forward by `_rebase`)."""
+        self._latest = -math.inf
+        """The latest event: a rate read before it is read at it (time does not run back)."""
 
     def note(self, tenant: str, now: float) -> None:
         """One request of `tenant` reached the quota check (whatever the answer)."""
+        if self._anchor is None:
+            self._anchor = now
+        elif now - self._anchor > REBASE_AT * self.window_s:
+            self._rebase(now)
+        weight = math.exp((now - self._anchor) / self.window_s) / self.window_s
         rate = self._tenants.get(tenant)
         if rate is None:
-            rate = self._tenants[tenant] = _Rate(updated=now)
-        rate.add(now, self.window_s)
-        self._total.add(now, self.window_s)
+            rate = self._tenants[tenant] = _Rate()
+        rate.scaled += weight
+        self._total.scaled += weight
+        self._latest = max(self._latest, now)
+
+    def _rebase(self, now: float) -> None:
+        assert self._anchor is not None
+        factor = math.exp(-(now - self._anchor) / self.window_s)
+        for rate in self._tenants.values():
+            rate.scaled *= factor
+        self._total.scaled *= factor
+        self._anchor = now
 
     def current(self, now: float) -> Demand:
         """The rates now; tenants whose rate decayed below MIN_RATE are forgotten."""
-        rates = {name: rate.at(now, self.window_s) for name, rate in self._tenants.items()}
+        if self._anchor is None:
+            return Demand({}, 0.0)
+        decay = math.exp(-(max(now, self._latest) - self._anchor) / self.window_s)
+        rates = {name: rate.scaled * decay for name, rate in self._tenants.items()}
         for name in [name for name, value in rates.items() if value < MIN_RATE]:
             del self._tenants[name], rates[name]
-        return Demand(rates, self._total.at(now, self.window_s))
+        return Demand(rates, self._total.scaled * decay)

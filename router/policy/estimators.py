@@ -113,6 +113,8 @@ class BestCase:
     """
 
     lowest: dict[int, float] = field(default_factory=lambda: {1: math.inf})
+    _floors: dict[int, float] = field(default_factory=dict)
+    """`seconds` by rows as of the last change (admission asks once per request; a floor moves rarely)."""
 
     def anchor(self, rows: int, seconds: float) -> None:
         """A warm-up timing: `rows` becomes an anchor (a bounded number of them) at most `seconds`."""
@@ -121,6 +123,7 @@ class BestCase:
         if rows not in self.lowest and len(self.lowest) >= MAX_ANCHORS:
             return
         self.lowest[rows] = min(self.lowest.get(rows, math.inf), seconds)
+        self._floors.clear()
 
     def observe(self, rows: int, seconds: float) -> None:
         """A batch of `rows` took `seconds`: every anchor up to `rows` is at most that."""
@@ -129,13 +132,19 @@ class BestCase:
         for size, lowest in self.lowest.items():
             if size <= rows and seconds < lowest:
                 self.lowest[size] = seconds
+                self._floors.clear()
 
     def seconds(self, rows: int) -> float:
         """The best-case time of a batch of `rows`; 0.0 while nothing is known about so few rows."""
-        known = [s for size, s in self.lowest.items() if size <= rows and math.isfinite(s)]
-        return max(known, default=0.0)
+        floor = self._floors.get(rows)
+        if floor is None:
+            known = [s for size, s in self.lowest.items() if size <= rows and math.isfinite(s)]
+            floor = self._floors[rows] = max(known, default=0.0)
+        return floor
 
 
+MAX_ANSWERS = 4096
+"""Most remembered `batch_seconds` answers between two changes of the fits (sizes x workers x shapes)."""
 WORKER_FIT_AFTER = 5
 """Reports a fit needs before it replaces a more general one (worker+shape → shape → model)."""
 Shape = tuple[tuple[str, tuple[int, ...]], ...]
@@ -152,10 +161,14 @@ class ServiceEstimates:
         """Per lane shape (() for none), each worker's fit: a shape's fits are forgotten together."""
         self._priors: dict[tuple[str, str], dict[int, float]] = {}
         self._best: dict[tuple[str, str], BestCase] = {}
+        self._answers: dict[tuple[str, str, int, str, Shape], float] = {}
+        """`batch_seconds` as of the last change to any fit: the core asks the same few questions (one row,
+        the full batch) for every request, and fits change once per answered batch."""
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds);
         every worker's warm-up lowers the version's best-case floor, measured or not."""
+        self._answers.clear()
         key = (model, version)
         best = self._best.setdefault(key, BestCase())
         for rows, seconds in warmup.items():
@@ -172,6 +185,7 @@ class ServiceEstimates:
         self, model: str, version: str, rows: int, seconds: float, worker: str = "", *, shape: Shape = ()
     ) -> None:
         """A worker reported a batch (of the lane with this shape signature)."""
+        self._answers.clear()
         self._best.setdefault((model, version), BestCase()).observe(rows, seconds)
         self._fit(self._models, (model, version), model, version).observe(rows, seconds)
         if shape:
@@ -195,6 +209,15 @@ class ServiceEstimates:
         """Expected execution time of a batch of `rows`: the worker's own fit for this lane shape once it
         has reported enough, else the lane shape's fit across workers, else the model's across shapes (a
         bucket of long inputs and one of short inputs cost very differently per row)."""
+        question = (model, version, rows, worker, shape)
+        answer = self._answers.get(question)
+        if answer is None:
+            if len(self._answers) >= MAX_ANSWERS:
+                self._answers.clear()
+            answer = self._answers[question] = self._batch_seconds(model, version, rows, worker, shape)
+        return answer
+
+    def _batch_seconds(self, model: str, version: str, rows: int, worker: str, shape: Shape) -> float:
         for fit in (
             self._workers.get((model, version, shape), {}).get(worker) if worker else None,
             self._shapes.get((model, version, shape)) if shape else None,
@@ -212,6 +235,7 @@ class ServiceEstimates:
 
     def forget_worker(self, worker: str) -> None:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
+        self._answers.clear()
         for key, per_worker in list(self._workers.items()):
             per_worker.pop(worker, None)
             if not per_worker:
@@ -220,6 +244,7 @@ class ServiceEstimates:
     def forget_shape(self, model: str, version: str, shape: Shape) -> None:
         """Drop a lane shape's fits, across workers and per worker (the shape went idle and its model
         needs the room: router/policy/shapes.py); the version's own fit and floor stay."""
+        self._answers.clear()
         self._shapes.pop((model, version, shape), None)
         self._workers.pop((model, version, shape), None)
 

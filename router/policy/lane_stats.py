@@ -4,10 +4,15 @@ Both are kept per LaneKey by the dispatcher (they outlive a lane that empties an
 rate is a time-decayed count (time constant `TAU_S`), so it follows load changes within about a second
 without reacting to a single burst; latency health is the 99th percentile of the fraction of its deadline
 budget each recent request used, with hysteresis so the batching mode does not flap.
+
+The percentile is read on every finished request, so the window is also kept sorted (one binary search and
+one insertion per request instead of sorting the window each time): `ordered` holds exactly the values of
+`fractions`, in order.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,7 +29,10 @@ class LaneStats:
 
     count: float = 0.0
     last: float | None = None
-    fractions: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    fractions: deque[float] = field(default_factory=deque)
+    """The last WINDOW budget fractions, oldest first."""
+    ordered: list[float] = field(default_factory=list)
+    """The same values, sorted."""
     healthy: bool = False
 
     def arrived(self, now: float, rows: int = 1) -> None:
@@ -42,7 +50,11 @@ class LaneStats:
 
     def finished(self, budget_fraction: float) -> None:
         """A request of this lane completed using `budget_fraction` of its deadline budget."""
+        if len(self.fractions) >= WINDOW:
+            oldest = self.fractions.popleft()
+            del self.ordered[bisect.bisect_left(self.ordered, oldest)]
         self.fractions.append(budget_fraction)
+        bisect.insort(self.ordered, budget_fraction)
         p99 = self.p99()
         if self.healthy and p99 > UNHEALTHY_ABOVE:
             self.healthy = False
@@ -51,7 +63,7 @@ class LaneStats:
 
     def p99(self) -> float:
         """99th percentile of the recent budget fractions (1.0 when nothing was measured)."""
-        if not self.fractions:
+        ordered = self.ordered
+        if not ordered:
             return 1.0
-        ordered = sorted(self.fractions)
         return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]

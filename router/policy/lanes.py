@@ -127,8 +127,12 @@ class Lane:
 
     def push(self, request: QueuedRequest) -> None:
         """Queue a request; the lane owns it from now on."""
-        level = self._levels.setdefault(request.priority, _Level())
-        queue = level.tenants.setdefault(request.tenant, _TenantQueue())
+        level = self._levels.get(request.priority)
+        if level is None:
+            level = self._levels[request.priority] = _Level()
+        queue = level.tenants.get(request.tenant)
+        if queue is None:
+            queue = level.tenants[request.tenant] = _TenantQueue()
         heapq.heappush(queue.heap, (request.deadline, request.request_id, request))
         queue.live += 1
         level.arrivals[request.request_id] = request
@@ -158,7 +162,14 @@ class Lane:
 
     def rows_ahead_of(self, priority: int) -> int:
         """Rows queued at this priority or better: what a new request of `priority` waits behind."""
-        return sum(level.rows for p, level in self._levels.items() if p <= priority)
+        if len(self._levels) == 1:  # the common case, without a generator
+            ((only, level),) = self._levels.items()
+            return level.rows if only <= priority else 0
+        rows = 0
+        for level_priority, level in self._levels.items():
+            if level_priority <= priority:
+                rows += level.rows
+        return rows
 
     def oldest_arrival(self) -> float | None:
         """Arrival time of the request that has waited longest."""
@@ -189,12 +200,27 @@ class Lane:
 
     def pop_next(self, now: float) -> QueuedRequest | None:
         """Take the request that should be served next (see the module docstring), or None."""
-        levels = [(p, level) for p, level in self._levels.items() if level.arrivals]
-        if not levels:
-            return None
-        _, level = min(levels, key=lambda item: self._standing(item[0], item[1], now))
-        start, name = min((max(level.virtual, q.finish), name) for name, q in level.tenants.items() if q.live)
-        queue = level.tenants[name]
+        if len(self._levels) == 1:  # the common case: no standing to compare
+            ((_, level),) = self._levels.items()
+            if not level.arrivals:
+                return None
+        else:  # the best standing; the first of equals, in the order levels were created (as `min`)
+            best: tuple[tuple[float, int], _Level] | None = None
+            for priority, candidate in self._levels.items():
+                if candidate.arrivals:
+                    standing = self._standing(priority, candidate, now)
+                    if best is None or standing < best[0]:
+                        best = (standing, candidate)
+            if best is None:
+                return None
+            level = best[1]
+        tenants = level.tenants
+        if len(tenants) == 1:  # one tenant, and it is live: its level holds arrivals
+            ((name, queue),) = tenants.items()
+            start = level.virtual if level.virtual > queue.finish else queue.finish
+        else:
+            start, name = min((max(level.virtual, q.finish), name) for name, q in tenants.items() if q.live)
+            queue = tenants[name]
         while True:
             _, request_id, request = heapq.heappop(queue.heap)
             if request_id in self._requests:

@@ -68,7 +68,10 @@ class Queues:
             self.remove(victim.request_id)
         lane.push(request)
         self.stats_of(request.lane).arrived(request.arrival, request.rows)
-        self._arrivals.setdefault(request.lane.model, LaneStats()).arrived(request.arrival, request.rows)
+        model = self._arrivals.get(request.lane.model)
+        if model is None:
+            model = self._arrivals[request.lane.model] = LaneStats()
+        model.arrived(request.arrival, request.rows)
         return victims
 
     def stats_of(self, key: LaneKey) -> LaneStats:
@@ -86,8 +89,9 @@ class Queues:
             if victim is None:
                 raise self._full(request, f"lane {lane.key} holds {len(lane)} requests (its limit)")
             victims.append(victim)
-        excess = self.queued_bytes() - sum(v.size_bytes for v in victims) + request.size_bytes
-        excess -= self.bounds.max_queued_bytes
+        excess = self.queued_bytes() + request.size_bytes - self.bounds.max_queued_bytes
+        for victim in victims:
+            excess -= victim.size_bytes
         if excess > 0:
             chosen = {v.request_id for v in victims}
             candidates = sorted(
@@ -132,6 +136,8 @@ class Queues:
     def by_urgency(self, now: float) -> list[Lane]:
         """Non-empty lanes, the one whose most urgent request must start first, first."""
         lanes = [lane for lane in self.lanes.values() if len(lane)]
+        if len(lanes) < 2:  # every tick asks: nothing to order
+            return lanes
         return sorted(lanes, key=lambda ln: (ln.earliest_latest_start() or now, ln.key))
 
     def prune(self) -> None:
@@ -169,6 +175,10 @@ class Queues:
         arrivals = self._arrivals.get(model)
         return 0.0 if arrivals is None else arrivals.rate(now)
 
+    def total_arrival_rate(self, now: float) -> float:
+        """Rows per second arriving recently at this router, all models together."""
+        return sum(arrivals.rate(now) for arrivals in self._arrivals.values())
+
     def rows_ahead(self, key: LaneKey, priority: int) -> int:
         """Rows a new request of `priority` would wait behind in the lane."""
         lane = self.lanes.get(key)
@@ -180,4 +190,7 @@ class Queues:
 
     def queued_bytes(self) -> int:
         """Input bytes of the requests waiting in lanes."""
-        return sum(lane.bytes for lane in self.lanes.values())
+        total = 0
+        for lane in self.lanes.values():  # asked per arrival: a loop, not a generator
+            total += lane.bytes
+        return total

@@ -75,6 +75,8 @@ class RateLimiter:
         self._buckets = {name: self._bucket(q, self.shares.of(name), now) for name, q in tenants.items()}
         self._global = self._bucket(global_quota, self.shares.cluster, now) if global_quota else None
         self.inflight: dict[str, int] = dict.fromkeys(tenants, 0)
+        self._caps: dict[str, int | None] = {}
+        """`inflight_cap` by tenant as of the last change of shares or quotas (asked per request)."""
 
     @staticmethod
     def _bucket(quota: Quota, fraction: float, now: float) -> TokenBucket:
@@ -98,6 +100,7 @@ class RateLimiter:
     def set_quotas(self, tenants: dict[str, Quota], now: float) -> None:
         """New per-tenant quotas (live reload); buckets keep their level, in-flight counts stay."""
         self._quotas = dict(tenants)
+        self._caps.clear()
         for name, quota in self._quotas.items():
             fraction = self.shares.of(name)
             bucket = self._buckets.get(name)
@@ -112,8 +115,12 @@ class RateLimiter:
 
     def inflight_cap(self, tenant: str) -> int | None:
         """This router's share of the tenant's in-flight cap: rounded to the nearest request, at least 1."""
+        if tenant in self._caps:
+            return self._caps[tenant]
         cap = self._quotas[tenant].max_inflight
-        return None if cap is None else max(1, math.floor(cap * self.shares.of(tenant) + 0.5))
+        share = None if cap is None else max(1, math.floor(cap * self.shares.of(tenant) + 0.5))
+        self._caps[tenant] = share
+        return share
 
     def rate_share(self, tenant: str) -> float:
         """This router's share of the tenant's rate, in requests per second."""

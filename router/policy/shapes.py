@@ -46,8 +46,10 @@ class ShapeTable:
         """Mark `key` as just used. Returns the shapes whose state must be dropped to make room for it
         (empty when it was known or there is room), or None when the model has no room: every one of
         its shapes is `busy`, and `key` must be refused."""
-        shapes = self._models.setdefault(key.model, OrderedDict())
-        if key in shapes:
+        shapes = self._models.get(key.model)
+        if shapes is None:
+            shapes = self._models[key.model] = OrderedDict()
+        elif key in shapes:
             shapes.move_to_end(key)
             return []
         forgotten: list[LaneKey] = []

@@ -55,6 +55,8 @@ class WorkerSlot:
     take there)."""
     batches: dict[int, float] = field(default_factory=dict)
     """This router's batches on it: batch id → expected seconds."""
+    indexed: tuple[bool, bool] | None = None
+    """(accepting, has a free slot) as the pool's indexes hold it; None while in none."""
 
     @property
     def held_s(self) -> float:
@@ -116,6 +118,11 @@ class IndexedSet:
         return rng.sample(self._items, count)
 
 
+_NONE = IndexedSet()
+"""What `serving` and `free` return for a version no worker has (shared: never mutated). (`or` with a new
+empty set asked the index's `__len__` on every call, several times per request.)"""
+
+
 @dataclass
 class WorkerPool:
     """Every known worker's slot, and the per-version indexes of who serves and who has room."""
@@ -162,10 +169,17 @@ class WorkerPool:
     def refresh(self, slot: WorkerSlot) -> None:
         """Put the slot where its current state says, in every index of its models."""
         self.epoch += 1
-        accepting, free = slot.accepting, slot.has_free_slot
+        state = (accepting, free) = (slot.accepting, slot.has_free_slot)
+        if slot.indexed == state:  # most changes (a batch sent or answered) move it in no index
+            return
+        slot.indexed = state
         for key in slot.models:
-            serving = self._serving.setdefault(key, IndexedSet())
-            room = self._free.setdefault(key, IndexedSet())
+            serving = self._serving.get(key)
+            if serving is None:
+                serving = self._serving[key] = IndexedSet()
+            room = self._free.get(key)
+            if room is None:
+                room = self._free[key] = IndexedSet()
             if accepting:
                 serving.add(slot)
             else:
@@ -177,6 +191,7 @@ class WorkerPool:
 
     def _unindex(self, slot: WorkerSlot) -> None:
         self.epoch += 1
+        slot.indexed = None
         for key in slot.models:
             for index in (self._serving.get(key), self._free.get(key)):
                 if index is not None:
@@ -184,11 +199,24 @@ class WorkerPool:
 
     def serving(self, key: ModelVersion) -> IndexedSet:
         """Accepting workers that have this model version (do not mutate)."""
-        return self._serving.get(key) or IndexedSet()
+        index = self._serving.get(key)
+        return _NONE if index is None else index
 
     def free(self, key: ModelVersion) -> IndexedSet:
         """Workers that can take a batch of this version now (do not mutate)."""
-        return self._free.get(key) or IndexedSet()
+        index = self._free.get(key)
+        return _NONE if index is None else index
+
+    def serving_count(self, key: ModelVersion) -> int:
+        """How many accepting workers have this model version (asked several times per request: one call,
+        not `len` of `serving`, which is two)."""
+        index = self._serving.get(key)
+        return 0 if index is None else len(index._items)
+
+    def free_count(self, key: ModelVersion) -> int:
+        """How many workers can take a batch of this version now."""
+        index = self._free.get(key)
+        return 0 if index is None else len(index._items)
 
     def reserve(self, slot: WorkerSlot, batch_id: int, rows: int, now: float, seconds: float) -> None:
         """A batch of ours, expected to run `seconds`, went to the worker."""

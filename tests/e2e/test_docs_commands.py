@@ -105,6 +105,9 @@ SKIPPED = {
         "writes 1.3 GB of BERT-base artifacts; tests/unit/worker/test_demo_transformer.py writes the same "
         "models at a tiny shape, tests/e2e/test_gpu_kit.py serves them"
     ),
+    "sluice sim bench/scenarios/sim_scale_bursty.yaml": (
+        "1,000 simulated workers: 10-25 s whatever the duration; test_sim.py loads it (every scenario)"
+    ),
 }
 
 # The doc's own exit code where it is not 0.

@@ -13,6 +13,7 @@ import pytest
 
 from sluice_inference.bench.loadgen_scenario import ScenarioError, parse_scenario
 from sluice_inference.bench.loadgen_schedule import build_schedule
+from sluice_inference.bench.sim.core_speed import measure as measure_core
 from sluice_inference.bench.sim.engine import Simulation, simulate
 from sluice_inference.bench.sim.plan import plan_run
 from sluice_inference.bench.sim.scenario import Variant, load_sim_scenario, parse_sim_scenario
@@ -169,3 +170,11 @@ def test_sweep_plot_is_a_png(tmp_path: Path) -> None:
     path = str(SCENARIOS / "sim_headroom.yaml")
     assert _cli(path, "--duration", "0.5", "--sweep", "0.05,0.1", "--plot", str(png)) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_core_alone_runs_whole_batches_of_the_size_asked() -> None:
+    speed = measure_core(4, 40)  # it raises if a cycle's batch is not 4 rows
+    assert (speed.rows, speed.requests) == (4, 40) and speed.cpu_s > 0
+    assert measure_core(3, 10).requests == 12  # whole cycles
+    with pytest.raises(ValueError, match="rows must lie in"):
+        measure_core(0, 10)

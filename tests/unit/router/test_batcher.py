@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sluice_inference.router.policy.batcher import AdaptiveBatcher, BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.batcher import (
+    NO_HOST_COST,
+    AdaptiveBatcher,
+    BatchContext,
+    Cut,
+    HostCost,
+    TimerBatcher,
+    WakeAt,
+    host_keep_up_size,
+)
 from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
@@ -86,3 +95,24 @@ def test_adaptive_headroom_mode_grows_batches_only_when_latency_is_healthy() -> 
     unhealthy = AdaptiveBatcher().target(lane, adaptive_ctx(100, idle=True, workers=4))
     healthy = AdaptiveBatcher().target(lane, adaptive_ctx(100, idle=True, workers=4, healthy=True))
     assert unhealthy == 1 and healthy > unhealthy
+
+
+def host_ctx(rate: float, host: HostCost) -> BatchContext:
+    """An idle worker, t(n) = 10 ms + 1 ms·n, the lane at `rate`, and the router's own CPU as `host` says."""
+    return BatchContext(10.0, True, linear(0.010, 0.001), 8, stats_at_rate(rate), host=host)
+
+
+def test_the_routers_cpu_counts_only_while_it_is_the_constraint() -> None:
+    lane = lane_with([10.0], max_batch=32, max_wait=0.05)
+    # 8 workers keep up with 500 rows/s one row at a time; the router spends 2 ms per batch, 0.5 ms a row
+    cost = {"batch_s": 0.002, "row_s": 0.0005, "rows_per_s": 1500.0}
+    assert AdaptiveBatcher().target(lane, host_ctx(500, NO_HOST_COST)) == 1
+    assert AdaptiveBatcher().target(lane, host_ctx(500, HostCost(**cost, constrained=False))) == 1
+    # constrained: n = λh / (1 - Λc) = 500 x 2 ms / (1 - 1500 x 0.5 ms) = 1 / 0.25 = 4 rows
+    assert AdaptiveBatcher().target(lane, host_ctx(500, HostCost(**cost, constrained=True))) == 4
+
+
+def test_a_router_out_of_cpu_for_its_rows_alone_sends_full_batches() -> None:
+    assert host_keep_up_size(500, HostCost(0.002, 0.001, True, 1000.0), 32) == 32
+    assert host_keep_up_size(1, HostCost(0.002, 0.0005, True, 1000.0), 32) == 1  # a quiet lane: one row
+    assert host_keep_up_size(500, HostCost(0.0, 0.0005, True, 1000.0), 32) == 1  # no per-batch cost

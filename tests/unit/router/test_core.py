@@ -12,7 +12,14 @@ import pytest
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
-from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.batcher import (
+    NO_HOST_COST,
+    BatchContext,
+    Cut,
+    HostCost,
+    TimerBatcher,
+    WakeAt,
+)
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import BUSY, HANG_FACTOR, RouterCore, deadline_for, version_to_serve
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
@@ -190,6 +197,40 @@ def test_a_bug_in_one_lane_fails_that_lane_only() -> None:
     assert [r.request_id for d in core.arrive(0.0, fine, LIMITS).dispatches for r in d.requests] == [
         fine.request_id
     ]
+
+
+class _Recording(TimerBatcher):
+    """The timer batcher, keeping every context it was asked with."""
+
+    def __init__(self) -> None:
+        self.contexts: list[BatchContext] = []
+
+    def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
+        self.contexts.append(ctx)
+        return super().decide(lane, ctx)
+
+
+def test_the_batcher_sees_the_host_cost_with_the_routers_arrival_rate_only_while_cpu_is_short() -> None:
+    batcher = _Recording()
+    core = make_core(batcher=batcher)
+    join(core, "w", capacity=8)
+    core.arrive(0.0, request(0.0), LIMITS)
+    assert batcher.contexts[-1].host == NO_HOST_COST
+    core.host_load(0.5, batch_s=0.002, row_s=0.0005, constrained=False)
+    core.arrive(0.5, request(0.5), LIMITS)  # the worker now holds a batch: this one waits in the lane
+    assert batcher.contexts[-1].host == HostCost(0.002, 0.0005, False, 0.0)  # no rate: it is not used
+    core.host_load(1.0, batch_s=0.002, row_s=0.0005, constrained=True)  # its tick decides for the lane
+    assert len(batcher.contexts) == 3
+    host = batcher.contexts[-1].host
+    assert host.constrained and (host.batch_s, host.row_s) == (0.002, 0.0005)
+    assert host.rows_per_s == pytest.approx(core.queues.total_arrival_rate(1.0)) and host.rows_per_s > 0
+
+
+@pytest.mark.parametrize("bad", [-0.001, 1.5, float("nan"), float("inf")])
+def test_host_costs_outside_their_range_are_refused(bad: float) -> None:
+    core = make_core()
+    with pytest.raises(ValueError, match="host_load: row_s"):
+        core.host_load(0.0, batch_s=0.001, row_s=bad, constrained=True)
 
 
 # -- after dispatch -----------------------------------------------------------------------------------------

@@ -45,6 +45,17 @@ def test_idle_tenants_are_forgotten() -> None:
     assert meter.current(10.0).tenants == {}
 
 
+def test_rates_stay_exact_across_long_runs_and_gaps() -> None:
+    meter = DemandMeter(window_s=0.5)
+    end = steady(meter, "t", 100, 0.0, 250.0)  # 500 windows: the sums rebase on the way
+    assert meter.current(end).of("t") == pytest.approx(100, rel=0.02)
+    meter.note("u", end + 1000.0)  # 2,000 windows of silence, then one request of a new tenant
+    now = meter.current(end + 1000.0)
+    assert now.of("u") == pytest.approx(2.0) and now.total == pytest.approx(2.0)
+    assert "t" not in now.tenants  # decayed to nothing and forgotten
+    assert meter.current(end + 999.0).of("u") == pytest.approx(2.0)  # time never runs back
+
+
 @pytest.mark.parametrize(
     ("before", "after", "material"),
     [
