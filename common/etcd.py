@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import aetcd
@@ -116,12 +117,36 @@ def tenant_key(prefix: str, tenant: str) -> str:
     return _child_key(prefix, TENANTS, tenant)
 
 
+async def close_within(closing: Awaitable[object], seconds: float, what: str) -> None:
+    """Run a close for at most `seconds`, then leave it behind.
+
+    `asyncio.wait_for` is no bound here: on its timeout it cancels the close and then waits for the
+    cancellation to finish, and an aetcd close that does not answer its cancel held a router's stop past
+    its 5 s step. A close left behind runs on in its own task (its result is read, so nothing is logged
+    as never retrieved); a failure only leaks a channel that gRPC tears down anyway."""
+    task = asyncio.ensure_future(closing)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        logger.debug("closing %s: not done within %.1f s, left behind", what, seconds)
+        return
+    _retrieve(task)
+
+
+def _retrieve(task: asyncio.Future[object]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, (*ETCD_ERRORS, RuntimeError)):
+        raise exc
+    if exc is not None:
+        logger.debug("closing an etcd client or watch failed: %r", exc)
+
+
 async def close_client(client: aetcd.Client) -> None:
-    """Close a client within a bound; a failure only leaks a channel that gRPC tears down anyway."""
-    try:
-        await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
-    except (*ETCD_ERRORS, RuntimeError) as exc:
-        logger.debug("closing an etcd client failed: %r", exc)
+    """Close a client within `CLOSE_TIMEOUT_S`."""
+    await close_within(client.close(), CLOSE_TIMEOUT_S, "an etcd client")
 
 
 def new_client(settings: EtcdSettings, host: str, port: int) -> aetcd.Client:

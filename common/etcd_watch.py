@@ -35,6 +35,7 @@ from sluice_inference.common.etcd import (
     Backoff,
     EtcdUnavailable,
     close_client,
+    close_within,
     open_client,
 )
 from sluice_inference.common.logs import LogThrottle
@@ -108,10 +109,7 @@ class _PrefixSession:
         """Drop the watch and the client; the next `read()` opens a fresh client."""
         events, self._events = self._events, None
         if events is not None:
-            try:
-                await asyncio.wait_for(events.aclose(), WATCH_CLOSE_TIMEOUT_S)
-            except (*ETCD_ERRORS, TimeoutError) as exc:
-                logger.debug("etcd: closing the watch of %s: %r", self._prefix, exc)
+            await close_within(events.aclose(), WATCH_CLOSE_TIMEOUT_S, f"the watch of {self._prefix}")
         client, self._client = self._client, None
         if client is not None:
             await close_client(client)
@@ -214,10 +212,22 @@ async def follow_prefix(
                     health.running = True
                     backoff.reset()
         except Exception as exc:
+            _raise_if_cancelling()
             health.running = False
             health.restarts += 1
             throttle.warning("watch of %s: its consumer failed (%r); starting over", prefix, exc)
         await asyncio.sleep(backoff.delay())
+
+
+def _raise_if_cancelling() -> None:
+    """Honour a cancel that the watch's cleanup replaced with an error of its own.
+
+    A cancel lands inside the snapshot generator, whose cleanup closes the etcd client; if that close
+    fails, its exception replaces the CancelledError, and treating it as a consumer failure would start a
+    fresh watch: the task outlived its `stop`, which then timed out (a router's stop took over 5 s)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _within_limit(snapshot: dict[str, bytes], health: WatchHealth, throttle: LogThrottle) -> dict[str, bytes]:
