@@ -170,6 +170,7 @@ def write_config(path: Path, *, admission: bool) -> Path:
             },
         },
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -244,11 +245,10 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def running_cluster(workdir: Path, repository: Path, *, admission: bool) -> Iterator[tuple[int, int, Child]]:
-    """A started cluster with one worker serving `repository`: (client port, metrics port, router child);
-    stopped on exit."""
+def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[tuple[int, int, Child]]:
+    """A started cluster configured by `config` with one worker serving `repository`: (client port,
+    metrics port, router child); stopped on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = write_config(workdir / "sluice.yaml", admission=admission)
     args = argparse.Namespace(
         etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=config, workers=1,
         repository=repository, ready_timeout=120.0,
@@ -267,7 +267,8 @@ def calibrate(workdir: Path) -> Calibration:
     """Measure the router path flat out on a cluster like the experiment's (admission on, gold's key)
     whose worker answers at once, and derive the time scale s from it (see the module docstring)."""
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
-    with running_cluster(workdir, repository, admission=True) as (port, _, router):
+    config = write_config(workdir / "sluice.yaml", admission=True)
+    with running_cluster(workdir, repository, config) as (port, _, router):
         speed = asyncio.run(
             measure_router(
                 f"127.0.0.1:{port}",
@@ -284,7 +285,8 @@ def run_once(
 ) -> dict[str, Any]:
     """Start a cluster, offer 3 x C for `duration_s`, and return the load report plus router figures."""
     repository = write_repository(workdir / "models", calibration.base_ms, calibration.per_item_ms)
-    with running_cluster(workdir, repository, admission=admission) as (port, metrics_port, router):
+    config = write_config(workdir / "sluice.yaml", admission=admission)
+    with running_cluster(workdir, repository, config) as (port, metrics_port, router):
         sampler = Sampler(metrics_port, router.process.pid)
         rss_before = sampler.rss()
         thread = threading.Thread(target=sampler.run, daemon=True)

@@ -11,8 +11,16 @@ is false — leaves admin open, as a laptop's `sluice up` needs. The tenant dire
 etcd tenant overrides that add keys close it at once.
 
 `check_call` runs in `sluice_inference.common.grpc_gate.GateInterceptor`, which only refuses
-(nothing of a refused body is read) or hands the call to its handler; the handler authenticates again for what
-it needs (tenant quotas, model permissions), so this gate holds whatever handler a method has.
+(nothing of a refused body is read) or hands the call to its handler; the handler looks the tenant up again
+for what it needs (the front door's priority, tenant quotas, model permissions), so this gate holds whatever
+handler a method has.
+
+Authentication costs a SHA-256 and a constant-time comparison with every configured key digest. A call
+met it up to three times (this gate, the front door, the data plane); `TenantKeys` does it once per key and
+directory instead: a key that authenticated is remembered, by its text, until the directory is replaced (a
+reload or an etcd override: revoked keys stop working at once). Only keys that authenticated are kept, at
+most `MAX_REMEMBERED_KEYS` (hostile keys cannot grow it); the lookup is a dict hit on Python's keyed
+(SipHash) string hash, which tells a timing observer nothing about the stored keys.
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ from typing import Any
 from sluice_inference.common.errors import PermissionDenied, Unauthenticated
 from sluice_inference.common.grpc_gate import is_open
 from sluice_inference.router.kserve_codec import api_key
-from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key
+from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
 
+MAX_REMEMBERED_KEYS = 4096
+"""Authenticated keys `TenantKeys` remembers; past it, it starts over (a cluster with more keys re-hashes
+some of them, nothing else)."""
 INFERENCE = "/inference.GRPCInferenceService/"
 OPEN_METHODS = frozenset(INFERENCE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
 TENANT_METHODS = frozenset(
@@ -33,17 +44,51 @@ TENANT_METHODS = frozenset(
 )
 
 
+class TenantKeys:
+    """API key → tenant against the directory in force, remembered per key (module docstring)."""
+
+    def __init__(
+        self, directory: Callable[[], TenantDirectory], *, max_keys: int = MAX_REMEMBERED_KEYS
+    ) -> None:
+        self.directory = directory
+        """The directory in force now (swapped wholesale on reload)."""
+        self._of: TenantDirectory | None = None
+        """The directory the remembered keys authenticated against."""
+        self._tenants: dict[str | None, Tenant] = {}
+        self._max_keys = max_keys
+
+    @property
+    def remembered(self) -> int:
+        """Keys remembered now."""
+        return len(self._tenants)
+
+    def authenticate(self, key: str | None) -> Tenant:
+        """The tenant of `key` (None: none presented), as `TenantDirectory.authenticate`: Unauthenticated
+        for an unknown key, or a missing one where the anonymous tenant does not serve."""
+        directory = self.directory()
+        if directory is not self._of:
+            self._of, self._tenants = directory, {}
+        tenant = self._tenants.get(key)
+        if tenant is None:
+            tenant = directory.authenticate(key)
+            if len(self._tenants) >= self._max_keys:
+                self._tenants.clear()
+            self._tenants[key] = tenant
+        return tenant
+
+
 class AccessPolicy:
     """Decides whether a key may call a method; raises Unauthenticated / PermissionDenied if not."""
 
     def __init__(
         self,
-        directory: Callable[[], TenantDirectory],
+        keys: TenantKeys,
         *,
         admin_keys: Sequence[str],
         require_api_key: bool,
     ) -> None:
-        self._directory = directory
+        self._keys = keys
+        self._directory = keys.directory
         self._admin_keys = list(admin_keys)
         self._require_key = require_api_key
 
@@ -56,7 +101,7 @@ class AccessPolicy:
         if is_open(method) or method in OPEN_METHODS:
             return
         if method in TENANT_METHODS:
-            self._directory().authenticate(key)
+            self._keys.authenticate(key)
             return
         self._check_admin(key)
 
@@ -81,7 +126,7 @@ class AccessPolicy:
             matched |= hmac.compare_digest(known, digest)
         if matched:
             return
-        tenant = directory.authenticate(key)
+        tenant = self._keys.authenticate(key)
         if not tenant.settings.admin:
             raise PermissionDenied(
                 f"tenant {tenant.name!r} has no admin role: admin RPCs need an admin key",
