@@ -244,10 +244,19 @@ class Sampler:
         self._stop.set()
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """A started local cluster: where it listens and its processes."""
+
+    port: int
+    metrics_port: int
+    router: Child
+    worker: Child
+
+
 @contextlib.contextmanager
-def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[tuple[int, int, Child]]:
-    """A started cluster configured by `config` with one worker serving `repository`: (client port,
-    metrics port, router child); stopped on exit."""
+def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[Cluster]:
+    """A started cluster configured by `config` with one worker serving `repository`; stopped on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
     args = argparse.Namespace(
         etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=config, workers=1,
@@ -258,7 +267,8 @@ def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[t
     try:
         (workdir / "logs").mkdir(exist_ok=True)
         start_cluster(args, data_dir, workdir / "logs", children, threading.Event())
-        yield args.port, args.metrics_port, next(c for c in children if c.name == "router")
+        named = {c.name: c for c in children}
+        yield Cluster(args.port, args.metrics_port, named["router"], named["worker-1"])
     finally:
         stop_cluster(children)
 
@@ -268,12 +278,12 @@ def calibrate(workdir: Path) -> Calibration:
     whose worker answers at once, and derive the time scale s from it (see the module docstring)."""
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
     config = write_config(workdir / "sluice.yaml", admission=True)
-    with running_cluster(workdir, repository, config) as (port, _, router):
+    with running_cluster(workdir, repository, config) as cluster:
         speed = asyncio.run(
             measure_router(
-                f"127.0.0.1:{port}",
+                f"127.0.0.1:{cluster.port}",
                 one_row_request("synthetic"),
-                router_pid=router.process.pid,
+                router_pid=cluster.router.process.pid,
                 metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
             )
         )
@@ -286,8 +296,9 @@ def run_once(
     """Start a cluster, offer 3 x C for `duration_s`, and return the load report plus router figures."""
     repository = write_repository(workdir / "models", calibration.base_ms, calibration.per_item_ms)
     config = write_config(workdir / "sluice.yaml", admission=admission)
-    with running_cluster(workdir, repository, config) as (port, metrics_port, router):
-        sampler = Sampler(metrics_port, router.process.pid)
+    with running_cluster(workdir, repository, config) as cluster:
+        port = cluster.port
+        sampler = Sampler(cluster.metrics_port, cluster.router.process.pid)
         rss_before = sampler.rss()
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()

@@ -169,20 +169,20 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.rate
     if rate is None:
         config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
-        with running_cluster(workdir / "calibration", repository, config) as (port, _, router):
+        with running_cluster(workdir / "calibration", repository, config) as cluster:
             speed = asyncio.run(
                 measure_router(
-                    f"127.0.0.1:{port}",
+                    f"127.0.0.1:{cluster.port}",
                     one_row_request("synthetic"),
-                    router_pid=router.process.pid,
+                    router_pid=cluster.router.process.pid,
                     metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
                 )
             )
         print(f"calibration: {speed.describe()}", flush=True)
         rate = speed.rps
     config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
-    with running_cluster(workdir / "run", repository, config) as (port, _, router):
-        target, pid = f"127.0.0.1:{port}", router.process.pid
+    with running_cluster(workdir / "run", repository, config) as cluster:
+        target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
         served = run_load(
             target,
             pid,
