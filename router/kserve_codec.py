@@ -121,23 +121,26 @@ def call_from_request(
             reason="bad_inputs",
         )
     paired = bool(raws) and defect is None
-    inputs = tuple(
+    # Lists, not generators, and empty fields skipped: generator frames cost microseconds per request.
+    inputs = tuple([
         InputTensor(
-            name=tensor.name,
-            datatype=tensor.datatype,
-            shape=tuple(tensor.shape),
-            data=raws[index] if paired else None,
-            values=None if raws else _typed_values(tensor),
+            tensor.name,
+            tensor.datatype,
+            tuple(tensor.shape),
+            raws[index] if paired else None,
+            None if raws else _typed_values(tensor),
         )
         for index, tensor in enumerate(request.inputs)
-    )
+    ])  # fmt: skip
+    outputs = request.outputs
+    parameters = request.parameters
     return InferCall(
         model_name=request.model_name,
         model_version=request.model_version,
         id=request.id,
         inputs=inputs,
-        outputs=tuple(o.name for o in request.outputs),
-        parameters={name: _param_value(param) for name, param in request.parameters.items()},
+        outputs=tuple([o.name for o in outputs]) if outputs else (),
+        parameters={name: _param_value(param) for name, param in parameters.items()} if parameters else {},
         api_key=head.api_key,
         idempotency_key=head.idempotency_key,
         time_remaining_s=time_remaining_s,
