@@ -252,6 +252,7 @@ class Cluster:
     metrics_port: int
     router: Child
     worker: Child
+    etcd: Child
 
 
 @contextlib.contextmanager
@@ -268,7 +269,7 @@ def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[C
         (workdir / "logs").mkdir(exist_ok=True)
         start_cluster(args, data_dir, workdir / "logs", children, threading.Event())
         named = {c.name: c for c in children}
-        yield Cluster(args.port, args.metrics_port, named["router"], named["worker-1"])
+        yield Cluster(args.port, args.metrics_port, named["router"], named["worker-1"], named["etcd"])
     finally:
         stop_cluster(children)
 

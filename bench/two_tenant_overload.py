@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import yaml
 from sluice_inference.bench.calibration import measure_router, one_row_request, process_cpu_s
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
-from sluice_inference.bench.overload import running_cluster, write_repository
+from sluice_inference.bench.overload import Cluster, running_cluster, write_repository
 from sluice_inference.router.policy.tenants import hash_api_key
 
 GOLD_KEY, BRONZE_KEY = "gold-key", "bronze-key"
@@ -114,6 +115,16 @@ class Run:
         return int(self.report["total"]["rejected_by_status"].get(DOOR_REFUSAL, 0))
 
 
+def pin(cluster: Cluster | None, core: int) -> None:
+    """Every thread of the cluster's processes (None: this process) onto one core, as the shared peer
+    harness pins a server and its load generator to cores of their own. Threads started later inherit it."""
+    children = () if cluster is None else (cluster.router, cluster.worker, cluster.etcd)
+    pids = [c.process.pid for c in children] or [os.getpid()]
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(task), {core})
+
+
 def run_load(target: str, router_pid: int, label: str, load: dict[str, Any]) -> Run:
     """Offer `load` and read the router's CPU over it."""
     before = process_cpu_s(router_pid)
@@ -163,13 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--half", type=float, default=0.5, help="the served run's load, x R (default 0.5)")
     parser.add_argument("--rate", type=float, help="R in req/s instead of calibrating it")
     parser.add_argument("--json", type=Path, help="write the load reports here")
+    parser.add_argument(
+        "--pin", action="store_true", help="router and worker on core 0, this load generator on core 1"
+    )
     args = parser.parse_args(argv)
+    if args.pin:
+        pin(None, 1)  # the cluster's processes start here too, and are moved to core 0 once started
     workdir = Path(tempfile.mkdtemp(prefix="sluice-two-tenant-"))
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
     rate = args.rate
     if rate is None:
         config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
         with running_cluster(workdir / "calibration", repository, config) as cluster:
+            if args.pin:
+                pin(cluster, 0)
             speed = asyncio.run(
                 measure_router(
                     f"127.0.0.1:{cluster.port}",
@@ -182,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         rate = speed.rps
     config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
     with running_cluster(workdir / "run", repository, config) as cluster:
+        if args.pin:
+            pin(cluster, 0)
         target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
         served = run_load(
             target,
@@ -202,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nrouter CPU: {figures['router_ms_per_served']:.3f} ms per served request ({args.half:g} x R), "
         + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal (2 x R)")
+        + "; cores used: "
+        + ", ".join(f"{run.label} {run.router_cpu_s / args.duration:.2f}" for run in (served, overload))
     )
     if args.json:
         args.json.write_text(
