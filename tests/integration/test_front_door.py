@@ -97,11 +97,14 @@ async def test_an_overloaded_router_refuses_part_of_the_requests_with_a_hint_and
     assert await outcomes(served.port, 20) == [(grpc.StatusCode.OK, "", "")] * 20
 
 
-UNLIMITED = {"rate": 1e6, "burst": 10**6, "max_inflight": 10**6}
-TWO_TENANTS = {
-    "gold": TenantSettings(api_keys=[hash_api_key("gold-key")], default_priority=1, **UNLIMITED),
-    "bronze": TenantSettings(api_keys=[hash_api_key("bronze-key")], default_priority=3, **UNLIMITED),
-}
+def unlimited(key: str, priority: int) -> TenantSettings:
+    """A tenant whose quotas never refuse: only the door does."""
+    return TenantSettings(
+        api_keys=[hash_api_key(key)], default_priority=priority, rate=1e6, burst=10**6, max_inflight=10**6
+    )
+
+
+TWO_TENANTS = {"gold": unlimited("gold-key", 1), "bronze": unlimited("bronze-key", 3)}
 GOLD_WAVE, BRONZE_WAVE = 40, 160
 
 
