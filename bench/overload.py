@@ -6,13 +6,14 @@ s = 1. Tenant `gold` (priority 1) offers 0.5 x C and `bronze` (priority 3) 2.5 x
 request with an s·500 ms deadline. While the load runs, the router's /metrics are sampled (deepest lane,
 resident memory); after it, we check that the queues are empty within one deadline.
 
-The experiment is worker-bound: overload must exhaust the worker while the router, whose front door is
-tenant-blind (router/policy/door.py), stays well inside its CPU. A rate fixed in req/s would not keep that
-on a slower core, so the time scale s is calibrated at the start (`calibrate`): a cluster like the
-experiment's, whose worker answers at once, is driven flat out by a closed loop (bench/calibration.py),
-and s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the rate it served. A larger s
-runs the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads
-relative to C.
+The experiment is worker-bound: overload must exhaust the worker while the router stays well inside its CPU
+(its front door, router/policy/door.py, ranks tenants too, but refusing there still costs gRPC's per-call
+work; bench/two_tenant_overload.py is the router-bound experiment). A rate fixed in req/s would not keep
+that on a slower core, so the time scale s is calibrated at the start (`calibrate`): a cluster like the
+experiment's, whose worker answers at once, is driven flat out by a closed loop (bench/calibration.py), and
+s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the rate it served. A larger s runs
+the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads relative
+to C.
 
     # calibrate, both runs, compare
     python -m sluice_inference.bench.overload [--duration 20] [--scale S] [--json out.json]

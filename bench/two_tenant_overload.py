@@ -6,7 +6,8 @@ the router path is measured flat out on a cluster with the door off (bench/calib
 on a cluster whose door bound is `--door-ms`:
 
 1. *served*: `--half` x R offered (gold and bronze alike), below saturation: router CPU per served request;
-2. *overload*: 2 x R offered, gold `--gold-share` of it (0.25: gold alone is half of R) and bronze the rest.
+2. *overload*: `--factor` x R offered (default 2), gold `--gold-share` of it (0.25: at 2 x R gold alone is
+   half of R) and bronze the rest.
 
 For each run it prints, per tenant, offered / within the SLO (OK within the deadline every request sends)
 / refused by the door (UNAVAILABLE `router_overloaded`, each with its retry hint) / other failures, and the
@@ -165,12 +166,13 @@ def costs(served: Run, overload: Run) -> dict[str, float | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Calibrate, run below saturation and at 2x, print the per-tenant table and the costs."""
+    """Calibrate, run below saturation and overloaded, print the per-tenant table and the costs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per run (default 10)")
     parser.add_argument("--door-ms", type=float, default=20.0, help="the door's delay bound (default 20)")
     parser.add_argument("--slo-ms", type=float, default=100.0, help="every request's deadline (default 100)")
-    parser.add_argument("--gold-share", type=float, default=0.25, help="gold's share of the 2x load")
+    parser.add_argument("--gold-share", type=float, default=0.25, help="gold's share of the overload")
+    parser.add_argument("--factor", type=float, default=2.0, help="the overload run's load, x R (default 2)")
     parser.add_argument("--half", type=float, default=0.5, help="the served run's load, x R (default 0.5)")
     parser.add_argument("--rate", type=float, help="R in req/s instead of calibrating it")
     parser.add_argument("--json", type=Path, help="write the load reports here")
@@ -210,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             scenario(target, args.half * rate, 0.5, args.duration, args.slo_ms),
         )
         overload = run_load(
-            target, pid, "2 x R", scenario(target, 2 * rate, args.gold_share, args.duration, args.slo_ms)
+            target,
+            pid,
+            f"{args.factor:g} x R",
+            scenario(target, args.factor * rate, args.gold_share, args.duration, args.slo_ms),
         )
     print(
         f"\nR = {rate:.0f} req/s; door bound {args.door_ms:g} ms, SLO {args.slo_ms:g} ms, "
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     refusal = figures["router_ms_per_refusal"]
     print(
         f"\nrouter CPU: {figures['router_ms_per_served']:.3f} ms per served request ({args.half:g} x R), "
-        + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal (2 x R)")
+        + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal ({args.factor:g} x R)")
         + "; cores used: "
         + ", ".join(f"{run.label} {run.router_cpu_s / args.duration:.2f}" for run in (served, overload))
     )

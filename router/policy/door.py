@@ -19,8 +19,9 @@ saturation), and grows back additively with every sample below half of it, until
 as TCP does for the same problem: find the rate a shared resource sustains without measuring it directly,
 cutting at most once per round trip). For a few seconds after it has opened fully, a late sample closes it
 again at once. Refusals are spread evenly (a credit counter, not a coin: the admitted rate is smooth) and
-carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: ~0.3 ms of CPU,
-about a sixth of serving a request here (docs/performance.md), which is what keeps some goodput past the
+carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: about 1.3x a bare
+grpc.aio server's refusal, half of what the router spends serving a request and a quarter of what the
+router and the worker spend together (docs/performance.md), which is what keeps some goodput past the
 router's own saturation.
 
 Tenant-aware: the fraction is the share of all new requests the router can take; who gets it goes by the
