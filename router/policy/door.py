@@ -29,7 +29,11 @@ calling tenant's priority level (its `default_priority`; 1 is the highest), know
 call's metadata before the body is parsed. The door counts arrivals per level and, at each sample,
 hands the admitted share out from the highest level down: a level whose recent arrivals fit in what is left
 is admitted whole, the first that does not gets the remainder, and every level below it only the floor (a
-level with no recent arrivals, the tenant-blind fraction, until its volume is known). So
+level with no recent arrivals, the tenant-blind fraction, until its volume is known). And while the wait is
+under `PROTECT` times the bound, a cut never takes the fraction below the highest level's share (when
+more than one level is calling): a queue still draining after a cut, or a short stall, is paid for by the
+lower levels, and the highest level is cut only once the wait says it alone is more than the router
+takes. So
 under router-bound overload a gold tenant keeps its requests while bronze absorbs the refusals, as long as
 gold alone fits in what the router can take; tenants of one level are refused alike.
 
@@ -65,6 +69,9 @@ MEMORY = 0.7
 samples (a few hundred ms), steady enough that one quiet sample does not hand a level's share away."""
 
 
+PROTECT = 2.0
+"""Under this many times the bound, a wait does not cut the highest calling level's share (module
+docstring)."""
 FORGOTTEN = 0.01
 """A level whose decayed arrivals fall below this counts as silent (its volume unknown again)."""
 
@@ -123,7 +130,8 @@ class Door:
                     return
                 self.engaged = True
             if now >= self._hold_until:
-                self.fraction = max(MIN_FRACTION, self.fraction * DECREASE)
+                cut = max(MIN_FRACTION, self.fraction * DECREASE, self._protected(delay_s))
+                self.fraction = min(self.fraction, cut)
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
         self._above_since = None
@@ -132,6 +140,16 @@ class Door:
             self.engaged = self.fraction < 1.0
             if not self.engaged:
                 self._opened_at = now
+
+    def _protected(self, delay_s: float) -> float:
+        """The share of recent arrivals a cut leaves to the highest calling level: all of its own while
+        the wait is under `PROTECT` times the bound and a lower level calls too, else nothing."""
+        if delay_s > PROTECT * self.max_delay_s:
+            return 0.0
+        calling = sorted((number, level.recent) for number, level in self._levels.items() if level.recent)
+        if len(calling) < 2:
+            return 0.0
+        return calling[0][1] / sum(recent for _, recent in calling)
 
     def _share_out(self) -> None:
         """Hand the admitted fraction out from the highest priority level (lowest number) down, in

@@ -7,6 +7,8 @@ keeps its requests while bronze absorbs the refusals."""
 
 from __future__ import annotations
 
+import pytest
+
 from sluice_inference.router.policy.door import DECREASE, HOLD_MAX_S, INCREASE, MIN_FRACTION, REARM_S, Door
 
 BOUND, SUSTAIN = 0.020, 1.0
@@ -103,7 +105,9 @@ def test_a_door_with_no_bound_never_refuses() -> None:
     assert admitted(door, 100) == 100 and door.delay_s == 5.0
 
 
-def offered(door: Door, samples: int, per_sample: dict[int, int], delay: float = HOLD) -> dict[int, int]:
+def offered(
+    door: Door, samples: int, per_sample: dict[int, int], delay: float = HOLD, start: float = 100.0
+) -> dict[int, int]:
     """`samples` sample intervals of 50 ms, each with `per_sample[level]` arrivals per level (interleaved)
     and then one delay sample; admitted requests per level over the last half of them."""
     counted = dict.fromkeys(per_sample, 0)
@@ -115,7 +119,7 @@ def offered(door: Door, samples: int, per_sample: dict[int, int], delay: float =
                     pending[level] -= 1
                     admitted_now = door.admit(level)
                     counted[level] += admitted_now if step >= samples // 2 else 0
-        door.observe(delay, 100.0 + step * 0.05)
+        door.observe(delay, start + step * 0.05)
     return counted
 
 
@@ -146,7 +150,9 @@ def test_a_fully_open_door_admits_every_level_and_shares_follow_a_change_of_mix(
     door = Door(BOUND, SUSTAIN)
     assert offered(door, 10, {GOLD: 10, BRONZE: 90}, delay=0.001) == {GOLD: 50, BRONZE: 450}
     door.fraction, door.engaged = 0.5, True
-    offered(door, 40, {GOLD: 90, BRONZE: 10})  # the mix turned around: now gold alone is more than half
+    offered(
+        door, 40, {GOLD: 90, BRONZE: 10}, start=110.0
+    )  # the mix turned around: now gold alone is more than half
     assert door.admitted(BRONZE) == MIN_FRACTION and abs(door.admitted(GOLD) - 50 / 90) < 0.03
 
 
@@ -155,3 +161,18 @@ def test_a_level_never_seen_gets_the_tenant_blind_fraction_until_its_volume_is_k
     offered(door, 20, {GOLD: 10})
     assert door.admitted(BRONZE) == 1.0  # not seen: reported open, admitted at the door's fraction
     assert admitted(door, 40, BRONZE) == 10
+
+
+def test_a_wait_under_twice_the_bound_cuts_the_lower_levels_but_not_gold_s_share() -> None:
+    door = Door(BOUND, SUSTAIN, engaged=True)
+    offered(door, 60, {GOLD: 25, BRONZE: 75}, delay=1.5 * BOUND)  # a queue draining, or a short stall
+    assert door.fraction == pytest.approx(0.25, abs=0.01)
+    assert door.admitted(GOLD) == pytest.approx(1.0, abs=0.02) and door.admitted(BRONZE) == MIN_FRACTION
+    offered(door, 20, {GOLD: 25, BRONZE: 75}, delay=3 * BOUND, start=110.0)  # gold alone is too much
+    assert door.admitted(GOLD) < 0.5 and door.admitted(BRONZE) == MIN_FRACTION
+
+
+def test_with_a_single_level_calling_nothing_is_protected() -> None:
+    door = Door(BOUND, SUSTAIN, engaged=True)
+    offered(door, 60, {GOLD: 100}, delay=1.5 * BOUND)
+    assert door.fraction == MIN_FRACTION and door.admitted(GOLD) == MIN_FRACTION
