@@ -6,13 +6,14 @@ s = 1. Tenant `gold` (priority 1) offers 0.5 x C and `bronze` (priority 3) 2.5 x
 request with an s·500 ms deadline. While the load runs, the router's /metrics are sampled (deepest lane,
 resident memory); after it, we check that the queues are empty within one deadline.
 
-The experiment is worker-bound: overload must exhaust the worker while the router, whose front door is
-tenant-blind (router/policy/door.py), stays well inside its CPU. A rate fixed in req/s would not keep that
-on a slower core, so the time scale s is calibrated at the start (`calibrate`): a cluster like the
-experiment's, whose worker answers at once, is driven flat out by a closed loop (bench/calibration.py),
-and s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the rate it served. A larger s
-runs the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads
-relative to C.
+The experiment is worker-bound: overload must exhaust the worker while the router stays well inside its CPU
+(its front door, router/policy/door.py, ranks tenants too, but refusing there still costs gRPC's per-call
+work; bench/two_tenant_overload.py is the router-bound experiment). A rate fixed in req/s would not keep
+that on a slower core, so the time scale s is calibrated at the start (`calibrate`): a cluster like the
+experiment's, whose worker answers at once, is driven flat out by a closed loop (bench/calibration.py), and
+s is the smallest factor >= 1 that brings 3 x C down to `HEADROOM` of the rate it served. A larger s runs
+the same experiment slower: the same batch sizes, the same deadline in batch times, the same loads relative
+to C.
 
     # calibrate, both runs, compare
     python -m sluice_inference.bench.overload [--duration 20] [--scale S] [--json out.json]
@@ -170,6 +171,7 @@ def write_config(path: Path, *, admission: bool) -> Path:
             },
         },
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -243,12 +245,21 @@ class Sampler:
         self._stop.set()
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """A started local cluster: where it listens and its processes."""
+
+    port: int
+    metrics_port: int
+    router: Child
+    worker: Child
+    etcd: Child
+
+
 @contextlib.contextmanager
-def running_cluster(workdir: Path, repository: Path, *, admission: bool) -> Iterator[tuple[int, int, Child]]:
-    """A started cluster with one worker serving `repository`: (client port, metrics port, router child);
-    stopped on exit."""
+def running_cluster(workdir: Path, repository: Path, config: Path) -> Iterator[Cluster]:
+    """A started cluster configured by `config` with one worker serving `repository`; stopped on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = write_config(workdir / "sluice.yaml", admission=admission)
     args = argparse.Namespace(
         etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=config, workers=1,
         repository=repository, ready_timeout=120.0,
@@ -258,7 +269,8 @@ def running_cluster(workdir: Path, repository: Path, *, admission: bool) -> Iter
     try:
         (workdir / "logs").mkdir(exist_ok=True)
         start_cluster(args, data_dir, workdir / "logs", children, threading.Event())
-        yield args.port, args.metrics_port, next(c for c in children if c.name == "router")
+        named = {c.name: c for c in children}
+        yield Cluster(args.port, args.metrics_port, named["router"], named["worker-1"], named["etcd"])
     finally:
         stop_cluster(children)
 
@@ -267,12 +279,13 @@ def calibrate(workdir: Path) -> Calibration:
     """Measure the router path flat out on a cluster like the experiment's (admission on, gold's key)
     whose worker answers at once, and derive the time scale s from it (see the module docstring)."""
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
-    with running_cluster(workdir, repository, admission=True) as (port, _, router):
+    config = write_config(workdir / "sluice.yaml", admission=True)
+    with running_cluster(workdir, repository, config) as cluster:
         speed = asyncio.run(
             measure_router(
-                f"127.0.0.1:{port}",
+                f"127.0.0.1:{cluster.port}",
                 one_row_request("synthetic"),
-                router_pid=router.process.pid,
+                router_pid=cluster.router.process.pid,
                 metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
             )
         )
@@ -284,8 +297,10 @@ def run_once(
 ) -> dict[str, Any]:
     """Start a cluster, offer 3 x C for `duration_s`, and return the load report plus router figures."""
     repository = write_repository(workdir / "models", calibration.base_ms, calibration.per_item_ms)
-    with running_cluster(workdir, repository, admission=admission) as (port, metrics_port, router):
-        sampler = Sampler(metrics_port, router.process.pid)
+    config = write_config(workdir / "sluice.yaml", admission=admission)
+    with running_cluster(workdir, repository, config) as cluster:
+        port = cluster.port
+        sampler = Sampler(cluster.metrics_port, cluster.router.process.pid)
         rss_before = sampler.rss()
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()

@@ -203,9 +203,9 @@ class RouterSettings(_Section):
     door_max_delay_ms: float = Field(default=250.0, ge=0)
     """The front door (router/policy/door.py): once calls have waited longer than this before the
     router's code runs for `door_sustain_s`, part of the new inference requests are refused UNAVAILABLE
-    with a retry hint before they are parsed, so a router whose own CPU is the limit keeps serving what it
-    admits in time. Set it near the latency you promise (the peer benchmark uses 20 ms for a 50 ms SLO);
-    0 turns it off."""
+    with a retry hint before they are parsed, lowest tenant `default_priority` first, so a router whose own
+    CPU is the limit keeps serving what it admits in time. Set it near the latency you promise (the peer
+    benchmark uses 20 ms for a 50 ms SLO); 0 turns it off."""
     door_sustain_s: float = Field(default=1.0, ge=0)
     """How long the wait must exceed `door_max_delay_ms` before the door first refuses anything: bursts
     that drain and closed-loop clients' standing queues are served."""

@@ -43,10 +43,14 @@ class Tensor:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InputTensor:
     """One input as the client sent it: `data` (raw little-endian bytes), else `values` (typed elements in
-    row-major order); neither when the client sent no payload this datatype can have."""
+    row-major order); neither when the client sent no payload this datatype can have.
+
+    Not `frozen` (nor is `InferCall`): a frozen dataclass sets each field through `object.__setattr__`,
+    4.4 µs against 0.8 µs for one `InferCall` on this machine, per request. Nothing mutates either; a
+    changed copy is made with `dataclasses.replace`."""
 
     name: str
     datatype: str
@@ -55,9 +59,9 @@ class InputTensor:
     values: Sequence[TypedValue] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InferCall:
-    """One inference request, transport-free."""
+    """One inference request, transport-free (treated as immutable: see `InputTensor`)."""
 
     model_name: str
     model_version: str

@@ -9,7 +9,10 @@ logged at most once per `MALFORMED_LOG_INTERVAL_S`.
 
 The front door (router/policy/door.py) stands before the parse: a method served through it receives the
 raw body, and while calls wait too long to reach the router's code part of them are refused UNAVAILABLE
-with a retry hint before a byte of them is parsed, so a refusal costs a fraction of serving.
+with a retry hint before a byte of them is parsed, so a refusal costs a fraction of serving. Which part
+goes by the caller's tenant: the door reads the call's metadata once (`read_head`), ranks the call at its
+tenant's priority level (the API key's tenant, remembered by `TenantKeys`, so no key is hashed again),
+and hands the head and the body's size on to the servicer, which reads neither again.
 
 Invariant: no servicer method ever sees a body it has to re-check for parse errors except as `Malformed`.
 """
@@ -27,18 +30,21 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.errors import InvalidArgument, Unavailable
+from sluice_inference.common.errors import InvalidArgument, SluiceError, Unavailable
 from sluice_inference.common.grpc_errors import abort, grpc_code, trailers_for
 from sluice_inference.common.logs import LogThrottle
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.router.auth import TenantKeys
+from sluice_inference.router.kserve_codec import CallHead, read_head
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.door import RETRY_AFTER_S, Door
 
 log = logging.getLogger(__name__)
 
 MALFORMED_LOG_INTERVAL_S = 10.0
-DOORED_METHODS = frozenset({"ModelInfer"})
-"""Methods whose calls pass the front door before their body is parsed."""
+DOORED_METHODS = {"ModelInfer": "infer_from_head"}
+"""Methods whose calls pass the front door before their body is parsed, and the servicer method that
+serves them past it: `(request, context, head: CallHead, body_bytes: int)`."""
 OVERLOADED = Unavailable(
     "the router is overloaded (calls wait too long to reach it): retry after the hint, or on another router",
     reason="router_overloaded",
@@ -101,37 +107,57 @@ def _unary(
 
 
 def _doored(
-    behavior: Callable[[Any, Any], Any],
+    behavior: Callable[[Any, Any, CallHead, int], Any],
     parse: Callable[[bytes], Message | Malformed],
     method: str,
     bodies: MalformedBodies,
     door: FrontDoor,
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
     async def guarded(body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if (PROBE_KEY, door.probe_token) in (context.invocation_metadata() or ()):
+        metadata = context.invocation_metadata() or ()
+        if (PROBE_KEY, door.probe_token) in metadata:
             return PROBE_ANSWER  # the router's own probe: it measured the wait, nothing to serve
         door.arrived()
-        if not door.door.admit():
-            door.metrics.door_refused.inc()
+        head = read_head(metadata)
+        level = door.level(head)
+        if not door.door.admit(level):
+            door.refused(level)
             await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
         request = parse(body)
         if isinstance(request, Malformed):
             bodies.seen(method, request)
             await abort(context, request.error())
-        return await behavior(request, context)
+        return await behavior(request, context, head, len(body))
 
     return guarded
 
 
 @dataclass(frozen=True)
 class FrontDoor:
-    """The door, where its refusals are counted, the token that marks the router's own probe, and whom to
-    tell that a client call came in (the probe measures only while calls come)."""
+    """The door, where its refusals are counted, the token that marks the router's own probe, whom to
+    tell that a client call came in (the probe measures only while calls come), and how a call's tenant
+    and priority level are known before its body is parsed."""
 
     door: Door
     metrics: RouterMetrics
     probe_token: str
     arrived: Callable[[], None]
+    keys: TenantKeys
+    levels: int
+    """The configured priority levels: the door's rank of a call is one of 1..levels."""
+
+    def level(self, head: CallHead) -> int:
+        """The priority level the door ranks a call at: its tenant's default priority; the lowest for a
+        key that does not authenticate (the client port's gate refuses those first; without it the data
+        plane refuses them, with the reason, if the door lets them in)."""
+        try:
+            return min(self.levels, self.keys.authenticate(head.api_key).settings.default_priority)
+        except SluiceError:
+            return self.levels
+
+    def refused(self, level: int) -> None:
+        """Count one refusal at `level`."""
+        self.metrics.door_refusals(self.metrics.priority_label(level)).inc()
 
 
 def _handler(
@@ -147,7 +173,8 @@ def _handler(
     if method.client_streaming or method.server_streaming:
         raise ValueError(f"{method.full_name}: only unary and bidirectional methods are served")
     if door is not None and method.name in DOORED_METHODS:
-        guarded = _doored(behavior, parse, method.full_name, bodies, door)
+        past_door = getattr(servicer, DOORED_METHODS[method.name])
+        guarded = _doored(past_door, parse, method.full_name, bodies, door)
         return grpc.unary_unary_rpc_method_handler(guarded, response_serializer=serialize)
     return grpc.unary_unary_rpc_method_handler(
         _unary(behavior, method.full_name, bodies), request_deserializer=parse, response_serializer=serialize

@@ -34,7 +34,7 @@ from sluice_inference.common.pb.sluice.v1 import admin_pb2, worker_pb2, worker_p
 from sluice_inference.common.telemetry import provider_from_environment, tracer
 from sluice_inference.common.tls import server_credentials
 from sluice_inference.router.auditor import CacheAuditor
-from sluice_inference.router.auth import AccessPolicy
+from sluice_inference.router.auth import AccessPolicy, TenantKeys
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.dataplane import DataPlane, DriverBackend
 from sluice_inference.router.driver import Driver
@@ -118,8 +118,10 @@ class RouterServer:
         self.membership = Membership(
             config.etcd, self.driver, self.links, self.catalog, cluster=cluster, clock=self.clock
         )
+        self.keys = TenantKeys(self.peers.current_directory)
+        """API key → tenant, remembered per key: the gate, the front door and the data plane share it."""
         self.access = AccessPolicy(
-            self.peers.current_directory,
+            self.keys,
             admin_keys=settings.admin_keys,
             require_api_key=config.admission.require_api_key,
         )
@@ -142,7 +144,7 @@ class RouterServer:
         self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
         self.queue_probe = QueueProbe(self.door, self.metrics)
         self.receives = ReceiveGate(
-            self.peers.current_directory,
+            self.keys,
             self.metrics,
             probe_token=self.queue_probe.token,
             max_receives=settings.tenant_max_receives,
@@ -177,7 +179,8 @@ class RouterServer:
             live=self.live,
             levels=config.admission.priority_levels,
             inflight_bytes=self.inflight_bytes,
-            tracer=tracer(self.tracer_provider, "sluice.router"),
+            tracer=None if self.tracer_provider is None else tracer(self.tracer_provider, "sluice.router"),
+            keys=self.keys,
         )
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -186,7 +189,14 @@ class RouterServer:
         self._stopped = False
 
     def _servicers(self, server: grpc.aio.Server) -> None:
-        door = FrontDoor(self.door, self.metrics, self.queue_probe.token, self.queue_probe.arrived)
+        door = FrontDoor(
+            self.door,
+            self.metrics,
+            self.queue_probe.token,
+            self.queue_probe.arrived,
+            self.keys,
+            self.config.admission.priority_levels,
+        )
         inference = InferenceServicer(
             self.dataplane,
             settings=self.config.router,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sluice_inference.common.errors import SluiceError
-from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, Bound
 
 UNKNOWN_TENANT = "unknown"
 """Label for requests rejected before their tenant was known (missing or unknown key)."""
@@ -163,12 +163,19 @@ class RouterMetrics:
         )  # fmt: skip
         self.door_refused = Counter(
             "sluice_router_door_refused", "Inference requests refused at the front door, before parsing, "
-            "while calls waited too long to reach the router's code", registry=r,
+            "while calls waited too long to reach the router's code, by the priority level of the caller's "
+            "tenant", ["priority"], registry=r,
         )  # fmt: skip
         self.workers = Gauge(
             "sluice_router_workers", "Workers known from etcd, by whether they accept batches",
             ["accepting"], registry=r,
         )  # fmt: skip
+
+        # Children bound once per label values, for the metrics updated per request (common/metrics.py).
+        self.request_outcomes = Bound(self.requests)
+        self.request_latencies = Bound(self.request_latency)
+        self.rejection_counts = Bound(self.rejections)
+        self.door_refusals = Bound(self.door_refused)
 
     def tenant_label(self, tenant: str) -> str:
         """A configured tenant's name, `unknown` before authentication, else `other`."""
@@ -184,6 +191,6 @@ class RouterMetrics:
 
     def rejected(self, error: SluiceError, tenant: str, priority: int | None) -> None:
         """Count a request that ended without a result (refused, shed, expired, failed)."""
-        self.rejections.labels(
+        self.rejection_counts(
             error.reason, error.code.name, self.tenant_label(tenant), self.priority_label(priority)
         ).inc()

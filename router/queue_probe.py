@@ -15,9 +15,14 @@ the excess.
 Idle means idle: the delay only matters to calls that arrive, so while the door is fully open a probe is
 sent only after a client `ModelInfer` has come in since the last one (`arrived`, called by the door's
 handler); while it is closing or reopening, probes go on every `PROBE_EVERY_S` whatever the traffic, so it
-reopens on time. An outstanding probe is looked at exactly when its age reaches its next mark (one timer,
-not a poll), and with the door off (`router.door_max_delay_ms: 0`) nothing is probed at all. Cost under
-traffic: up to 20 tiny calls a second; with none, nothing (it was 20 calls and 200 timer wake-ups a second).
+reopens on time. Probe only as often as the purpose needs: while the door is open and the last sample was
+under half its bound, the next probe waits `CALM_EVERY_S` — the door acts only on a delay sustained for
+`door_sustain_s` (1 s by default), and a queue that starts growing is still seen within the bound of the
+next probe's start (its age marks) — and every `PROBE_EVERY_S` once a sample comes close to the bound.
+An outstanding probe is looked at exactly when its age reaches its next mark (one timer, not a poll), and
+with the door off (`router.door_max_delay_ms: 0`) nothing is probed at all. Cost under traffic: 4 tiny
+calls a second while calm, up to 20 near or past the bound; with none, nothing (it was 20 calls and 200
+timer wake-ups a second whatever the traffic).
 
 Calls on the socket pass the same authentication as on the client port (common/grpc_gate.py): with tenant
 keys required, the probe is answered UNAUTHENTICATED, after the same wait, which is all it measures.
@@ -39,6 +44,9 @@ from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.door import Door
 
 PROBE_EVERY_S = 0.05
+"""Between probes while the door is closing or reopening, or a sample came close to its bound."""
+CALM_EVERY_S = 0.25
+"""Between probes while the door is open and the last sample was under half its bound."""
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STOP_WAIT_S = 1.0
 """How long `stop` waits for a cancelled probe call to wind down."""
@@ -112,7 +120,13 @@ class QueueProbe:
                     self._out_since = None
                 if not counted:
                     self._report(loop.time() - started, loop.time())
-                await asyncio.sleep(PROBE_EVERY_S)
+                await asyncio.sleep(self._pause())
+
+    def _pause(self) -> float:
+        """How long until the next probe may go (module docstring)."""
+        door = self._door
+        calm = not door.engaged and door.delay_s < door.max_delay_s / 2
+        return CALM_EVERY_S if calm else PROBE_EVERY_S
 
     def _report(self, delay: float, now: float) -> None:
         self._door.observe(delay, now)

@@ -41,10 +41,10 @@ from sluice_inference.common.errors import (
     SluiceError,
 )
 from sluice_inference.common.grpc_errors import abort
+from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.edge import PROBE_KEY
 from sluice_inference.router.kserve_codec import api_key
 from sluice_inference.router.metrics import RouterMetrics
-from sluice_inference.router.policy.tenants import TenantDirectory
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
@@ -104,7 +104,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
 
     def __init__(
         self,
-        tenants: Callable[[], TenantDirectory],
+        keys: TenantKeys,
         metrics: RouterMetrics,
         *,
         probe_token: str,
@@ -112,7 +112,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         max_streams: int,
         receive_timeout_s: float,
     ) -> None:
-        self._tenants = tenants
+        self._keys = keys
         self._metrics = metrics
         self._probe = (PROBE_KEY, probe_token)
         self.receives = TenantSlots(max_receives)
@@ -139,9 +139,9 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
 
     def _tenant(self, metadata: Any) -> str:
         """The tenant the call's key names (the metadata the interceptor already has: cheaper than the
-        context's copy)."""
+        context's copy), through the keys the gate, the door and the data plane share."""
         try:
-            return self._tenants().authenticate(api_key(metadata)).name
+            return self._keys.authenticate(api_key(metadata)).name
         except SluiceError:
             return UNKNOWN_TENANT
 

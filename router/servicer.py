@@ -29,15 +29,17 @@ from sluice_inference.common.grpc_errors import abort
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
-from sluice_inference.common.telemetry import extract
+from sluice_inference.common.telemetry import extract_mapping
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.dataplane import DataPlane
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.edge import OVERLOADED, FrontDoor, Malformed, MalformedBodies
 from sluice_inference.router.kserve_codec import (
+    CallHead,
     api_key,
     call_from_request,
     model_metadata,
+    read_head,
     response_from_result,
 )
 from sluice_inference.router.live_stats import LiveStats
@@ -123,8 +125,15 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         self, request: kserve.ModelInferRequest, context: Context
     ) -> kserve.ModelInferResponse:
         """One request through the data plane; its answer held against the budget until written."""
+        return await self.infer_from_head(request, context, read_head(context.invocation_metadata()), None)
+
+    async def infer_from_head(
+        self, request: kserve.ModelInferRequest, context: Context, head: CallHead, body_bytes: int | None
+    ) -> kserve.ModelInferResponse:
+        """`ModelInfer` for a caller that has read the call's metadata already (the front door,
+        router/edge.py), with the body's size as received when it knows it."""
         try:
-            response = await self._infer(request, context)
+            response = await self._infer(request, context, head, body_bytes)
             held = self._hold(response)
         except SluiceError as err:
             await abort(context, err)
@@ -145,9 +154,11 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
         answers: asyncio.Queue[tuple[kserve.ModelStreamInferResponse, int] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._stream_max_inflight)
         tasks: set[asyncio.Task[None]] = set()
+        head = read_head(context.invocation_metadata())
+        level = 0 if self._door is None else self._door.level(head)
 
         async def serve_one(request: kserve.ModelInferRequest | Malformed) -> None:
-            answers.put_nowait(await self._stream_answer(request, context))
+            answers.put_nowait(await self._stream_answer(request, context, head, level))
 
         async def read_all() -> None:
             try:
@@ -179,18 +190,18 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
                     self._bytes.release(unsent[1])
 
     async def _stream_answer(
-        self, request: kserve.ModelInferRequest | Malformed, context: Context
+        self, request: kserve.ModelInferRequest | Malformed, context: Context, head: CallHead, level: int
     ) -> tuple[kserve.ModelStreamInferResponse, int]:
         """One stream request's answer, its result or its error in-band, and the bytes it holds."""
         answer = kserve.ModelStreamInferResponse()
         try:
-            if self._door is not None and not self._door.door.admit():
-                self._door.metrics.door_refused.inc()
+            if self._door is not None and not self._door.door.admit(level):
+                self._door.refused(level)
                 raise OVERLOADED
             if isinstance(request, Malformed):
                 self._malformed.seen("inference.GRPCInferenceService/ModelStreamInfer", request)
                 raise request.error()
-            answer.infer_response.CopyFrom(await self._infer(request, context))
+            answer.infer_response.CopyFrom(await self._infer(request, context, head, None))
             return answer, self._hold(answer)
         except SluiceError as err:
             answer.ClearField("infer_response")
@@ -200,13 +211,18 @@ class InferenceServicer(kserve_grpc.GRPCInferenceServiceServicer):
             _error_in_band(answer, request, Internal(f"internal error ({type(exc).__name__})"))
         return answer, 0
 
-    async def _infer(self, request: kserve.ModelInferRequest, context: Context) -> kserve.ModelInferResponse:
-        metadata = context.invocation_metadata()
+    async def _infer(
+        self, request: kserve.ModelInferRequest, context: Context, head: CallHead, body_bytes: int | None
+    ) -> kserve.ModelInferResponse:
+        # The caller's trace context is read only when spans are made: OpenTelemetry's no-op paths still
+        # cost microseconds per call.
+        trace = head.trace if self._plane.tracing else None
         call = call_from_request(
             request,
-            metadata=metadata,
+            metadata=head,
             time_remaining_s=context.time_remaining(),
-            trace_parent=extract(metadata),
+            trace_parent=None if trace is None else extract_mapping(trace),
+            body_bytes=body_bytes,
         )
         return response_from_result(await self._plane.infer(call))
 

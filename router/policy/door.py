@@ -19,16 +19,33 @@ saturation), and grows back additively with every sample below half of it, until
 as TCP does for the same problem: find the rate a shared resource sustains without measuring it directly,
 cutting at most once per round trip). For a few seconds after it has opened fully, a late sample closes it
 again at once. Refusals are spread evenly (a credit counter, not a coin: the admitted rate is smooth) and
-carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: ~0.3 ms of CPU,
-about a sixth of serving a request here (docs/performance.md), which is what keeps some goodput past the
+carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: about 1.3x a bare
+grpc.aio server's refusal, half of what the router spends serving a request and a quarter of what the
+router and the worker spend together (docs/performance.md), which is what keeps some goodput past the
 router's own saturation.
 
+Tenant-aware: the fraction is the share of all new requests the router can take; who gets it goes by the
+calling tenant's priority level (its `default_priority`; 1 is the highest), known from the API key in the
+call's metadata before the body is parsed. The door counts arrivals per level and, at each sample,
+hands the admitted share out from the highest level down: a level whose recent arrivals fit in what is left
+is admitted whole, the first that does not gets the remainder, and every level below it only the floor (a
+level with no recent arrivals, the tenant-blind fraction, until its volume is known). And while the wait is
+under `PROTECT` times the bound, a cut never takes the fraction below the highest level's share (when
+more than one level is calling): a queue still draining after a cut, or a short stall, is paid for by the
+lower levels, and the highest level is cut only once the wait says it alone is more than the router
+takes. So
+under router-bound overload a gold tenant keeps its requests while bronze absorbs the refusals, as long as
+gold alone fits in what the router can take; tenants of one level are refused alike.
+
 Pure: delay samples (with their time) come in through `observe`, decisions go out through `admit`; no I/O.
+Invariants: `admit` is O(1) (a dict lookup and a counter); the per-level shares are recomputed only at
+`observe` (≤ 20 times a second), over at most one entry per priority level ever seen (bounded by the
+configured levels: the shell maps anything else to the lowest).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DECREASE = 0.8
 """The admitted fraction's factor per cut (a sample above the delay bound, at most once per delay)."""
@@ -36,7 +53,8 @@ INCREASE = 0.05
 """What the admitted fraction regains per sample below half the delay bound (a sample comes every ~50 ms:
 from half to all in about half a second)."""
 MIN_FRACTION = 0.01
-"""Never refuse everything: a trickle of requests keeps the router's estimates and health current."""
+"""Never refuse everything: a trickle of requests keeps the router's estimates and health current. Each
+level keeps at least this share of its own arrivals."""
 HOLD_MAX_S = 0.1
 """The longest wait between two cuts: a delay of seconds (a queue built before the door closed) must not
 leave the door as open as it was for seconds."""
@@ -46,11 +64,35 @@ sustain wait: the load that closed it is most likely still there, and waiting `s
 queue of that length build before every close."""
 RETRY_AFTER_S = 0.1
 """The retry hint of a refusal: about the time the fraction takes to recover by a tenth."""
+MEMORY = 0.7
+"""Each sample keeps this much of a level's arrival count from before it: the shares follow the last few
+samples (a few hundred ms), steady enough that one quiet sample does not hand a level's share away."""
+
+
+PROTECT = 2.0
+"""Under this many times the bound, a wait does not cut the highest calling level's share (module
+docstring)."""
+FORGOTTEN = 0.01
+"""A level whose decayed arrivals fall below this counts as silent (its volume unknown again)."""
+
+
+@dataclass(slots=True)
+class _Level:
+    """One priority level's arrivals and the share of them the door admits now."""
+
+    arrivals: int = 0
+    """Arrivals since the last sample."""
+    recent: float = 0.0
+    """Arrivals over the last few samples, decayed by `MEMORY` per sample."""
+    admitted: float = 1.0
+    """Share of this level's new requests admitted now."""
+    credit: float = 0.0
 
 
 @dataclass(slots=True)
 class Door:
-    """Admits the fraction of new requests the router takes in promptly (see the module docstring)."""
+    """Admits the fraction of new requests the router takes in promptly, highest priority levels first
+    (see the module docstring)."""
 
     max_delay_s: float
     """Delay above which the router refuses part of its new requests; 0 turns the door off."""
@@ -58,7 +100,7 @@ class Door:
     """How long the delay must stay above the bound before the door first closes: a burst that drains
     (500 requests at once) or a closed-loop client's standing queue is served, not refused."""
     fraction: float = 1.0
-    """Share of new requests admitted now."""
+    """Share of all new requests admitted now."""
     delay_s: float = 0.0
     """The latest delay sample."""
     engaged: bool = False
@@ -68,13 +110,18 @@ class Door:
     _above_since: float | None = None
     _opened_at: float = float("-inf")
     _hold_until: float = float("-inf")
-    _credit: float = 0.0
+    _levels: dict[int, _Level] = field(default_factory=dict)
 
     def observe(self, delay_s: float, now: float) -> None:
         """One sample, taken at `now`, of how long a call waits before the router's code runs."""
         self.delay_s = delay_s
         if not self.max_delay_s:
             return
+        self._control(delay_s, now)
+        self._share_out()
+
+    def _control(self, delay_s: float, now: float) -> None:
+        """The total fraction's AIMD law (module docstring)."""
         if delay_s > self.max_delay_s:
             if not self.engaged:
                 self._above_since = now if self._above_since is None else self._above_since
@@ -83,7 +130,8 @@ class Door:
                     return
                 self.engaged = True
             if now >= self._hold_until:
-                self.fraction = max(MIN_FRACTION, self.fraction * DECREASE)
+                cut = max(MIN_FRACTION, self.fraction * DECREASE, self._protected(delay_s))
+                self.fraction = min(self.fraction, cut)
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
         self._above_since = None
@@ -93,13 +141,53 @@ class Door:
             if not self.engaged:
                 self._opened_at = now
 
-    def admit(self) -> bool:
-        """Whether the next new request may come in."""
-        if self.fraction >= 1.0:
+    def _protected(self, delay_s: float) -> float:
+        """The share of recent arrivals a cut leaves to the highest calling level: all of its own while
+        the wait is under `PROTECT` times the bound and a lower level calls too, else nothing."""
+        if delay_s > PROTECT * self.max_delay_s:
+            return 0.0
+        calling = sorted((number, level.recent) for number, level in self._levels.items() if level.recent)
+        if len(calling) < 2:
+            return 0.0
+        return calling[0][1] / sum(recent for _, recent in calling)
+
+    def _share_out(self) -> None:
+        """Hand the admitted fraction out from the highest priority level (lowest number) down, in
+        proportion to each level's recent arrivals."""
+        for level in self._levels.values():
+            recent = level.recent * MEMORY + level.arrivals
+            level.recent = recent if recent >= FORGOTTEN else 0.0
+            level.arrivals = 0
+        total = sum(level.recent for level in self._levels.values())
+        left = self.fraction * total  # arrivals' worth the router can take
+        for number in sorted(self._levels):
+            level = self._levels[number]
+            if self.fraction >= 1.0:
+                level.admitted = 1.0
+            elif not level.recent:  # nothing known of its volume yet: the tenant-blind share
+                level.admitted = self.fraction
+            elif level.recent <= left:
+                level.admitted = 1.0
+            else:
+                level.admitted = max(MIN_FRACTION, left / level.recent)
+            left = max(0.0, left - level.recent * level.admitted)
+
+    def admit(self, priority: int) -> bool:
+        """Whether the next new request, from a tenant of this priority level, may come in."""
+        level = self._levels.get(priority)
+        if level is None:  # a level not seen yet gets the tenant-blind share until the next sample
+            level = self._levels[priority] = _Level(admitted=min(1.0, self.fraction))
+        level.arrivals += 1
+        if level.admitted >= 1.0:
             return True
-        self._credit += self.fraction
-        if self._credit >= 1.0:
-            self._credit -= 1.0
+        level.credit += level.admitted
+        if level.credit >= 1.0:
+            level.credit -= 1.0
             return True
         self.refused += 1
         return False
+
+    def admitted(self, priority: int) -> float:
+        """The share of this level's new requests admitted now (1 for a level not seen yet)."""
+        level = self._levels.get(priority)
+        return 1.0 if level is None else level.admitted

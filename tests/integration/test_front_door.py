@@ -2,7 +2,8 @@
 every 40 (what a saturated CPU does to it) while waves of 200 calls arrive, so calls pile up in gRPC's queue
 before the router's code. Part of the new requests are then refused UNAVAILABLE `router_overloaded` with a
 retry hint, the admitted ones are served, and once calls reach the router promptly again everything is
-admitted.
+admitted. With two tenants in every wave, the door refuses the low-priority one first: gold keeps its
+requests while bronze absorbs the refusals.
 
 The regime is router-bound by construction: the held loop, not the machine's speed, makes the overload,
 and the waves are sent until the door has refused enough, so a slower core only gets there sooner."""
@@ -17,11 +18,12 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.config import RouterSettings, TenantSettings
 from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.door import RETRY_AFTER_S
+from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_hostile_clients import synthetic_request
 from tests.support.processes import eventually
@@ -61,14 +63,15 @@ def hogged_loop() -> Iterator[None]:
         handle.cancel()
 
 
-async def outcomes(port: int, count: int) -> list[tuple[grpc.StatusCode, str, str]]:
-    """(code, sluice-reason, retry pushback) of `count` concurrent ModelInfer calls."""
+async def outcomes(port: int, count: int, key: str | None = None) -> list[tuple[grpc.StatusCode, str, str]]:
+    """(code, sluice-reason, retry pushback) of `count` concurrent ModelInfer calls (with `key`, if any)."""
+    metadata = None if key is None else (("authorization", f"Bearer {key}"),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
 
         async def one() -> tuple[grpc.StatusCode, str, str]:
             try:
-                await stub.ModelInfer(synthetic_request(), timeout=10)
+                await stub.ModelInfer(synthetic_request(), timeout=10, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 trailers = dict(err.trailing_metadata() or ())
                 return err.code(), str(trailers.get(REASON_KEY, "")), str(trailers.get(PUSHBACK_KEY, ""))
@@ -92,3 +95,39 @@ async def test_an_overloaded_router_refuses_part_of_the_requests_with_a_hint_and
     assert len(refused) < len(during)  # it admits a share, and serves it
     await eventually(lambda: served.door.fraction == 1.0, 10, "the door to open again")
     assert await outcomes(served.port, 20) == [(grpc.StatusCode.OK, "", "")] * 20
+
+
+def unlimited(key: str, priority: int) -> TenantSettings:
+    """A tenant whose quotas never refuse: only the door does."""
+    return TenantSettings(
+        api_keys=[hash_api_key(key)], default_priority=priority, rate=1e6, burst=10**6, max_inflight=10**6
+    )
+
+
+TWO_TENANTS = {"gold": unlimited("gold-key", 1), "bronze": unlimited("bronze-key", 3)}
+GOLD_WAVE, BRONZE_WAVE = 40, 160
+
+
+async def test_an_overloaded_router_refuses_bronze_before_gold(make_router: MakeRouter, spawn: Spawn) -> None:
+    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_delay_ms=10, door_sustain_s=0.2)
+    router = await make_router(router=settings, tenants=TWO_TENANTS)
+    spawn("w1")
+    await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")
+    gold: list[tuple[grpc.StatusCode, str, str]] = []
+    bronze: list[tuple[grpc.StatusCode, str, str]] = []
+    with hogged_loop():
+        for _ in range(WAVES):  # each wave a fifth gold, the rest bronze, all at once
+            golds, bronzes = await asyncio.gather(
+                outcomes(router.port, GOLD_WAVE, "gold-key"), outcomes(router.port, BRONZE_WAVE, "bronze-key")
+            )
+            gold, bronze = gold + golds, bronze + bronzes
+            if router.door.refused >= 5 * REFUSALS:
+                break
+    overloaded = (grpc.StatusCode.UNAVAILABLE, "router_overloaded", str(round(RETRY_AFTER_S * 1000)))
+    refused = {
+        name: sum(o == overloaded for o in got) / len(got)
+        for name, got in (("gold", gold), ("bronze", bronze))
+    }
+    assert all(o[0] in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE) for o in gold + bronze)
+    assert refused["bronze"] > 0.1, refused  # the door did close
+    assert refused["gold"] < refused["bronze"] / 2, refused

@@ -1,5 +1,6 @@
 """Idle means idle at the front door: the router's queue probe calls itself only while client calls come in
-(or while the door is closing or reopening), never with no traffic, and not at all with the door off."""
+(or while the door is closing or reopening), never with no traffic, and not at all with the door off; under
+calm traffic (calls reach the router promptly) at most every `CALM_EVERY_S`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.router.queue_probe import CALM_EVERY_S, PROBE_EVERY_S
 from tests.integration.conftest import MakeRouter
 from tests.integration.test_hostile_clients import synthetic_request
 
@@ -45,3 +47,18 @@ async def test_with_the_door_off_nothing_is_probed(make_router: MakeRouter) -> N
     await one_call(router.port)
     await asyncio.sleep(0.3)
     assert router.queue_probe.probes == 0
+
+
+async def test_under_calm_traffic_the_probe_goes_at_the_calm_pace(make_router: MakeRouter) -> None:
+    settings = RouterSettings(listen="127.0.0.1:0", metrics_port=0, door_max_delay_ms=250)
+    router = await make_router(router=settings)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + QUIET_S
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        while loop.time() < until:  # calls one after another: each is answered at once (no worker)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.ModelInfer(synthetic_request(), timeout=5)
+            await asyncio.sleep(0.01)
+    assert not router.door.engaged
+    assert 1 <= router.queue_probe.probes <= QUIET_S / CALM_EVERY_S + 1 < QUIET_S / PROBE_EVERY_S / 2

@@ -6,8 +6,8 @@ import pytest
 
 from sluice_inference.common.config import ANONYMOUS_TENANT, TenantSettings
 from sluice_inference.common.errors import PermissionDenied, SluiceError, Unauthenticated
-from sluice_inference.router.auth import AccessPolicy
-from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key
+from sluice_inference.router.auth import AccessPolicy, TenantKeys
+from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
 
 ADMIN = "/sluice.v1.RouterAdmin/ListTenants"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -30,7 +30,9 @@ def policy(
 ) -> AccessPolicy:
     directory = TenantDirectory(tenants, require_api_key=require_api_key)
     return AccessPolicy(
-        lambda: directory, admin_keys=[hash_api_key(k) for k in admin_keys], require_api_key=require_api_key
+        TenantKeys(lambda: directory),
+        admin_keys=[hash_api_key(k) for k in admin_keys],
+        require_api_key=require_api_key,
     )
 
 
@@ -86,7 +88,44 @@ def test_inference_needs_a_tenant() -> None:
 
 def test_the_directory_is_read_per_call() -> None:
     directories = [TenantDirectory(LOCAL)]
-    check = AccessPolicy(lambda: directories[-1], admin_keys=[], require_api_key=False)
+    check = AccessPolicy(TenantKeys(lambda: directories[-1]), admin_keys=[], require_api_key=False)
     assert refusal(check, ADMIN, None) is None
     directories.append(TenantDirectory({**LOCAL, **KEYED}))  # an etcd override added keys
     assert refusal(check, ADMIN, None) is Unauthenticated
+
+
+class CountingDirectory(TenantDirectory):
+    """A real directory that counts the authentications it does (each one hashes the key)."""
+
+    hashed = 0
+
+    def authenticate(self, api_key: str | None) -> Tenant:
+        CountingDirectory.hashed += 1
+        return super().authenticate(api_key)
+
+
+def test_a_key_is_authenticated_once_per_directory_and_a_new_directory_revokes_at_once() -> None:
+    CountingDirectory.hashed = 0
+    directories = [CountingDirectory(KEYED)]
+    keys = TenantKeys(lambda: directories[-1])
+    assert {keys.authenticate("gold-key").name for _ in range(100)} == {"gold"}
+    assert CountingDirectory.hashed == 1
+    directories.append(CountingDirectory({"ops": KEYED["ops"]}))  # gold's key revoked
+    with pytest.raises(Unauthenticated):
+        keys.authenticate("gold-key")
+    assert keys.authenticate("ops-key").name == "ops"
+
+
+def test_unknown_keys_are_not_remembered_and_the_memory_is_bounded() -> None:
+    CountingDirectory.hashed = 0
+    directory = CountingDirectory(
+        {f"t{i}": TenantSettings(api_keys=[hash_api_key(f"k{i}")]) for i in range(9)}
+    )
+    keys = TenantKeys(lambda: directory, max_keys=4)
+    for _ in range(3):
+        with pytest.raises(Unauthenticated):
+            keys.authenticate("nope")
+    assert CountingDirectory.hashed == 3  # a refused key is checked every time, never kept
+    for i in range(9):
+        assert keys.authenticate(f"k{i}").name == f"t{i}"
+        assert keys.remembered <= 4

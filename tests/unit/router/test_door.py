@@ -2,17 +2,23 @@
 through a burst shorter than the sustain time; once the wait has stayed above the bound that long it
 shrinks the admitted fraction at most once per measured delay, spreads refusals evenly, never refuses
 everything, recovers additively until it admits everything again, and closes again at once if the wait
-comes back soon after."""
+comes back soon after; and it hands what it admits out by priority level, highest first, so a gold tenant
+keeps its requests while bronze absorbs the refusals."""
 
 from __future__ import annotations
+
+import pytest
 
 from sluice_inference.router.policy.door import DECREASE, HOLD_MAX_S, INCREASE, MIN_FRACTION, REARM_S, Door
 
 BOUND, SUSTAIN = 0.020, 1.0
+GOLD, SILVER, BRONZE = 1, 2, 3
+HOLD = 0.015
+"""A delay between half the bound and the bound: the door's fraction neither shrinks nor grows."""
 
 
-def admitted(door: Door, requests: int) -> int:
-    return sum(door.admit() for _ in range(requests))
+def admitted(door: Door, requests: int, level: int = GOLD) -> int:
+    return sum(door.admit(level) for _ in range(requests))
 
 
 def late_for(door: Door, seconds: float, delay: float = 0.100, every: float = 0.05) -> None:
@@ -47,7 +53,7 @@ def test_a_sustained_wait_closes_the_door_multiplicatively_down_to_a_floor() -> 
 
 def test_refusals_are_spread_evenly_not_in_runs() -> None:
     door = Door(BOUND, SUSTAIN, fraction=0.25, engaged=True)
-    pattern = [door.admit() for _ in range(40)]
+    pattern = [door.admit(GOLD) for _ in range(40)]
     assert sum(pattern) == 10
     assert all(sum(pattern[i : i + 4]) == 1 for i in range(0, 40, 4))  # one in every four, like clockwork
 
@@ -97,3 +103,76 @@ def test_a_door_with_no_bound_never_refuses() -> None:
     door = Door(0.0, SUSTAIN)
     late_for(door, 10.0, delay=5.0)
     assert admitted(door, 100) == 100 and door.delay_s == 5.0
+
+
+def offered(
+    door: Door, samples: int, per_sample: dict[int, int], delay: float = HOLD, start: float = 100.0
+) -> dict[int, int]:
+    """`samples` sample intervals of 50 ms, each with `per_sample[level]` arrivals per level (interleaved)
+    and then one delay sample; admitted requests per level over the last half of them."""
+    counted = dict.fromkeys(per_sample, 0)
+    for step in range(samples):
+        pending = dict(per_sample)
+        while any(pending.values()):
+            for level in per_sample:
+                if pending[level]:
+                    pending[level] -= 1
+                    admitted_now = door.admit(level)
+                    counted[level] += admitted_now if step >= samples // 2 else 0
+        door.observe(delay, start + step * 0.05)
+    return counted
+
+
+def test_under_overload_gold_keeps_its_share_and_bronze_absorbs_the_refusals() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.5, engaged=True)  # the router takes half of what is offered
+    got = offered(door, 40, {GOLD: 25, BRONZE: 75})  # gold is a quarter of it
+    assert got[GOLD] == 20 * 25  # every gold request
+    assert abs(got[BRONZE] - 20 * 25) <= 20  # bronze gets the rest of the half: a third of its own
+    assert door.admitted(GOLD) == 1.0 and abs(door.admitted(BRONZE) - 1 / 3) < 0.02
+
+
+def test_levels_are_served_highest_first_and_each_keeps_a_trickle() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.3, engaged=True)
+    offered(door, 40, {GOLD: 20, SILVER: 20, BRONZE: 60})
+    assert door.admitted(GOLD) == 1.0
+    assert abs(door.admitted(SILVER) - 0.5) < 0.02  # what is left of 0.3 after gold's 0.2
+    assert door.admitted(BRONZE) == MIN_FRACTION
+
+
+def test_when_gold_alone_is_more_than_the_router_takes_gold_is_refused_too() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.2, engaged=True)
+    got = offered(door, 40, {GOLD: 50, BRONZE: 50})
+    assert abs(door.admitted(GOLD) - 0.4) < 0.02 and door.admitted(BRONZE) == MIN_FRACTION
+    assert got[GOLD] > 20 * got[BRONZE]
+
+
+def test_a_fully_open_door_admits_every_level_and_shares_follow_a_change_of_mix() -> None:
+    door = Door(BOUND, SUSTAIN)
+    assert offered(door, 10, {GOLD: 10, BRONZE: 90}, delay=0.001) == {GOLD: 50, BRONZE: 450}
+    door.fraction, door.engaged = 0.5, True
+    offered(
+        door, 40, {GOLD: 90, BRONZE: 10}, start=110.0
+    )  # the mix turned around: now gold alone is more than half
+    assert door.admitted(BRONZE) == MIN_FRACTION and abs(door.admitted(GOLD) - 50 / 90) < 0.03
+
+
+def test_a_level_never_seen_gets_the_tenant_blind_fraction_until_its_volume_is_known() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.25, engaged=True)
+    offered(door, 20, {GOLD: 10})
+    assert door.admitted(BRONZE) == 1.0  # not seen: reported open, admitted at the door's fraction
+    assert admitted(door, 40, BRONZE) == 10
+
+
+def test_a_wait_under_twice_the_bound_cuts_the_lower_levels_but_not_gold_s_share() -> None:
+    door = Door(BOUND, SUSTAIN, engaged=True)
+    offered(door, 60, {GOLD: 25, BRONZE: 75}, delay=1.5 * BOUND)  # a queue draining, or a short stall
+    assert door.fraction == pytest.approx(0.25, abs=0.01)
+    assert door.admitted(GOLD) == pytest.approx(1.0, abs=0.02) and door.admitted(BRONZE) == MIN_FRACTION
+    offered(door, 20, {GOLD: 25, BRONZE: 75}, delay=3 * BOUND, start=110.0)  # gold alone is too much
+    assert door.admitted(GOLD) < 0.5 and door.admitted(BRONZE) == MIN_FRACTION
+
+
+def test_with_a_single_level_calling_nothing_is_protected() -> None:
+    door = Door(BOUND, SUSTAIN, engaged=True)
+    offered(door, 60, {GOLD: 100}, delay=1.5 * BOUND)
+    assert door.fraction == MIN_FRACTION and door.admitted(GOLD) == MIN_FRACTION

@@ -1,0 +1,241 @@
+"""Two tenants at 2x router-bound overload: does the front door keep gold's share and refuse bronze?
+
+A local cluster (`sluice up`, one worker) serves a `synthetic` model that answers at once, so the router's
+own CPU is the limit, not the worker (the regime the front door exists for, router/policy/door.py). First
+the router path is measured flat out on a cluster with the door off (bench/calibration.py): R req/s. Then,
+on a cluster whose door bound is `--door-ms`:
+
+1. *served*: `--half` x R offered (gold and bronze alike), below saturation: router CPU per served request;
+2. *overload*: `--factor` x R offered (default 2), gold `--gold-share` of it (0.25: at 2 x R gold alone is
+   half of R) and bronze the rest.
+
+For each run it prints, per tenant, offered / within the SLO (OK within the deadline every request sends)
+/ refused by the door (UNAVAILABLE `router_overloaded`, each with its retry hint) / other failures, and the
+router's CPU per served and per refused request. The refusal cost is what the overload run's router CPU
+leaves once its OK answers are charged at the served run's cost per request, divided by the refusals (an
+estimate: at overload batches are larger, so a served request is cheaper and the refusal estimate errs
+high). Issue 17's goals: gold keeps >= 95 % of its offered load within the SLO; refusing costs <= 1/3 of
+serving.
+
+    python -m sluice_inference.bench.two_tenant_overload [--duration 10] [--door-ms 20] [--slo-ms 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sluice_inference.bench.calibration import measure_router, one_row_request, process_cpu_s
+from sluice_inference.bench.loadgen import run_scenario
+from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.overload import Cluster, running_cluster, write_repository
+from sluice_inference.router.policy.tenants import hash_api_key
+
+GOLD_KEY, BRONZE_KEY = "gold-key", "bronze-key"
+DOOR_REFUSAL = "UNAVAILABLE/router_overloaded"
+"""How the load report names a front-door refusal."""
+
+
+def write_config(path: Path, *, door_ms: float) -> Path:
+    """sluice.yaml: gold (priority 1) and bronze (priority 3), quotas far above the load, the door's bound."""
+    tenant = {"rate": 1_000_000, "burst": 100_000, "max_inflight": 1_000_000}
+    config = {
+        "router": {"door_max_delay_ms": door_ms, "door_sustain_s": 0.5},
+        "tenants": {
+            "gold": {
+                **tenant,
+                "api_keys": [hash_api_key(GOLD_KEY)],
+                "default_priority": 1,
+                "max_priority": 1,
+            },
+            "bronze": {
+                **tenant,
+                "api_keys": [hash_api_key(BRONZE_KEY)],
+                "default_priority": 3,
+                "max_priority": 3,
+            },
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def scenario(target: str, rate: float, gold_share: float, duration_s: float, slo_ms: float) -> dict[str, Any]:
+    """Poisson arrivals at `rate`, `gold_share` of them gold's."""
+    common = {"model": "synthetic", "deadline_ms": slo_ms, "rows": 1, "cache": False}
+    return {
+        "target": target,
+        "duration_s": duration_s,
+        "rate": rate,
+        "arrivals": {"process": "poisson"},
+        "seed": 17,
+        "channels": 4,
+        "classes": [
+            {"name": "gold", "weight": gold_share, "tenant_key": GOLD_KEY, "tenant": "gold", **common},
+            {
+                "name": "bronze",
+                "weight": 1 - gold_share,
+                "tenant_key": BRONZE_KEY,
+                "tenant": "bronze",
+                **common,
+            },
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class Run:
+    """One load run: the generator's report and the router's CPU seconds over it."""
+
+    label: str
+    report: dict[str, Any]
+    router_cpu_s: float
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        """The report's figures for one tenant."""
+        return next(c for c in self.report["classes"] if c["name"] == name)
+
+    @property
+    def ok(self) -> int:
+        """OK answers, both tenants."""
+        return int(self.report["total"]["ok"])
+
+    @property
+    def refused(self) -> int:
+        """Front-door refusals, both tenants."""
+        return int(self.report["total"]["rejected_by_status"].get(DOOR_REFUSAL, 0))
+
+
+def pin(cluster: Cluster | None, core: int) -> None:
+    """Every thread of the cluster's processes (None: this process) onto one core, as the shared peer
+    harness pins a server and its load generator to cores of their own. Threads started later inherit it."""
+    children = () if cluster is None else (cluster.router, cluster.worker, cluster.etcd)
+    pids = [c.process.pid for c in children] or [os.getpid()]
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(task), {core})
+
+
+def run_load(target: str, router_pid: int, label: str, load: dict[str, Any]) -> Run:
+    """Offer `load` and read the router's CPU over it."""
+    before = process_cpu_s(router_pid)
+    report = asyncio.run(run_scenario(parse_scenario(load)))
+    return Run(label, report, process_cpu_s(router_pid) - before)
+
+
+def table(runs: list[Run]) -> str:
+    """Markdown: per run and tenant, offered / within the SLO / refused at the door / other failures."""
+    lines = [
+        "| run | tenant | offered req/s | within SLO req/s | within SLO % | door refusals % | with hint % "
+        "| other failures | p99 OK ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for name in ("gold", "bronze"):
+            c = run.tenant(name)
+            offered = max(1, c["offered"])
+            refused = c["rejected_by_status"].get(DOOR_REFUSAL, 0)
+            p99 = c["latency_ms"]["p99"]
+            lines.append(
+                f"| {run.label} | {name} | {c['offered_rps']:.0f} | {c['goodput_rps']:.0f} | "
+                f"{100 * c['good'] / offered:.1f} | {100 * refused / offered:.1f} | "
+                f"{100 * c['rejected_with_hint'] / max(1, c['rejected']):.0f} | {c['rejected'] - refused} | "
+                f"{'-' if p99 is None else f'{p99:.0f}'} |"
+            )
+    return "\n".join(lines)
+
+
+def costs(served: Run, overload: Run) -> dict[str, float | None]:
+    """Router CPU ms per served request (the served run) and per refusal (the overload run, see the module
+    docstring)."""
+    per_served = 1000 * served.router_cpu_s / max(1, served.ok)
+    per_refusal = None
+    if overload.refused:
+        per_refusal = (1000 * overload.router_cpu_s - per_served * overload.ok) / overload.refused
+    return {"router_ms_per_served": per_served, "router_ms_per_refusal": per_refusal}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Calibrate, run below saturation and overloaded, print the per-tenant table and the costs."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per run (default 10)")
+    parser.add_argument("--door-ms", type=float, default=20.0, help="the door's delay bound (default 20)")
+    parser.add_argument("--slo-ms", type=float, default=100.0, help="every request's deadline (default 100)")
+    parser.add_argument("--gold-share", type=float, default=0.25, help="gold's share of the overload")
+    parser.add_argument("--factor", type=float, default=2.0, help="the overload run's load, x R (default 2)")
+    parser.add_argument("--half", type=float, default=0.5, help="the served run's load, x R (default 0.5)")
+    parser.add_argument("--rate", type=float, help="R in req/s instead of calibrating it")
+    parser.add_argument("--json", type=Path, help="write the load reports here")
+    parser.add_argument(
+        "--pin", action="store_true", help="router and worker on core 0, this load generator on core 1"
+    )
+    args = parser.parse_args(argv)
+    if args.pin:
+        pin(None, 1)  # the cluster's processes start here too, and are moved to core 0 once started
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-two-tenant-"))
+    repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
+    rate = args.rate
+    if rate is None:
+        config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
+        with running_cluster(workdir / "calibration", repository, config) as cluster:
+            if args.pin:
+                pin(cluster, 0)
+            speed = asyncio.run(
+                measure_router(
+                    f"127.0.0.1:{cluster.port}",
+                    one_row_request("synthetic"),
+                    router_pid=cluster.router.process.pid,
+                    metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
+                )
+            )
+        print(f"calibration: {speed.describe()}", flush=True)
+        rate = speed.rps
+    config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
+    with running_cluster(workdir / "run", repository, config) as cluster:
+        if args.pin:
+            pin(cluster, 0)
+        target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
+        served = run_load(
+            target,
+            pid,
+            f"{args.half:g} x R",
+            scenario(target, args.half * rate, 0.5, args.duration, args.slo_ms),
+        )
+        overload = run_load(
+            target,
+            pid,
+            f"{args.factor:g} x R",
+            scenario(target, args.factor * rate, args.gold_share, args.duration, args.slo_ms),
+        )
+    print(
+        f"\nR = {rate:.0f} req/s; door bound {args.door_ms:g} ms, SLO {args.slo_ms:g} ms, "
+        f"{args.duration:g} s a run"
+    )
+    print(table([served, overload]))
+    figures = costs(served, overload)
+    refusal = figures["router_ms_per_refusal"]
+    print(
+        f"\nrouter CPU: {figures['router_ms_per_served']:.3f} ms per served request ({args.half:g} x R), "
+        + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal ({args.factor:g} x R)")
+        + "; cores used: "
+        + ", ".join(f"{run.label} {run.router_cpu_s / args.duration:.2f}" for run in (served, overload))
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rate": rate, "runs": [r.report for r in (served, overload)], **figures})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
