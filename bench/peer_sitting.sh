@@ -6,14 +6,14 @@
 #   bench/peer_sitting.sh OUT_DIR          then: python -m sluice_inference.bench.peer_report OUT_DIR --plot docs/figures/peers.png
 # env: SLUICE_RATES, TRITON_RATES, MLSERVER_RATES, ECHO_RATES, MINPATH_RATES (a rate list; empty skips
 #      that system), TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
-#      SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
+#      TAGS (the harness's endpoints, default grpc), SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
 #      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset)
 set -euo pipefail
 out=${1:?usage: bench/peer_sitting.sh OUT_DIR}
 project=$(cd "$(dirname "$0")/.." && pwd)
 peers=$(cd "${PEERS:-$project/../shared/peers}" && pwd)
 mkdir -p "$out"
-export DURATION=${DURATION:-15} SLUICE_PROJECT=${SLUICE_PROJECT:-$project}
+export DURATION=${DURATION:-15} SLUICE_PROJECT=${SLUICE_PROJECT:-$project} TAGS=${TAGS:-grpc}  # Sluice speaks gRPC only
 door_ms=${DOOR_MS-20}  # empty: leave the router's default (a checkout without the door)
 [[ -n $door_ms ]] && export SLUICE_ROUTER__DOOR_MAX_DELAY_MS=$door_ms
 label=${SLUICE_LABEL:-sluice}
