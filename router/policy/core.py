@@ -16,8 +16,8 @@ Rules, and where they live:
    shape (shapes.py: a new shape takes an idle one's place, or is refused UNAVAILABLE `too_many_shapes`)
    and the queue bounds (queues.py), whose refusals and evictions end requests here.
 2. queued: a request still waiting at its latest start is shed (UNAVAILABLE while its deadline is ahead,
-   DEADLINE_EXCEEDED after); each lane, most urgent first, is cut when the batcher says (batcher.py) and
-   sent to the worker the chooser picks (scheduler.py) among those with a free place (workers.py).
+   DEADLINE_EXCEEDED after); each lane, most urgent first, is cut when the batcher says and sent to the
+   worker the chooser picks among those with a free place (planner.py, workers.py).
 3. dispatched: a request not answered by its deadline ends DEADLINE_EXCEEDED then and its worker is told
    to drop it; a worker that holds batches and answers none for `hang_after_s` (or `HANG_FACTOR` times
    their estimate) is lost.
@@ -27,8 +27,13 @@ Rules, and where they live:
    its outcome, DEADLINE_EXCEEDED if it came after the deadline, or goes elsewhere if the worker was busy.
 5. lost (worker gone, stream broke, send failed): each request is dispatched once more if its latest start
    allows, else UNAVAILABLE `worker_lost` with a short hint.
-6. the version to serve and the deadline of a request are decided here too (`version_to_serve`,
-   `deadline_for`, which the data plane calls).
+6. the version to serve (versions.py `version_to_serve`) and the deadline of a request (`deadline_for`)
+   are decided in the policy too; the data plane calls them.
+State has one owner each, and none calls back into the core: the in-flight ledger (in_flight.py) and the
+worker-health timers (health.py: hang timers, breaker reopens) return what is due; the planner
+(planner.py) returns one step per lane; admission takes the lane's `Backlog` (backlog.py) as numbers; the
+queues own the lanes and their limits (queues.py). The shell reads the core through `view`
+(core_view.py), never its members.
 Invariants: a request is queued, dispatched or ended — exactly one; it ends exactly once, and releases
 its admission slot then; `now` is never defaulted; state kept per lane shape (lanes, limits, waits,
 statistics, fits) exists only for shapes the `ShapeTable` holds.
@@ -36,12 +41,9 @@ statistics, fits) exists only for shapes the `ShapeTable` holds.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
@@ -54,19 +56,14 @@ from sluice_inference.common.errors import (
 )
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
-from sluice_inference.router.policy.batcher import (
-    NO_HOST_COST,
-    AdaptiveBatcher,
-    BatchContext,
-    Batcher,
-    Cut,
-    HostCost,
-    TimerBatcher,
-)
+from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog, drain_seconds
+from sluice_inference.router.policy.batcher import AdaptiveBatcher, Batcher, HostCost, TimerBatcher
 from sluice_inference.router.policy.breaker import CircuitBreaker
-from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core_view import CoreView
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.health import HANG_FACTOR, WorkerHealth
+from sluice_inference.router.policy.in_flight import InFlight
 from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
@@ -77,21 +74,29 @@ from sluice_inference.router.policy.outcomes import (
     Learned,
     Served,
 )
-from sluice_inference.router.policy.queues import Queues
-from sluice_inference.router.policy.scheduler import Chooser, Job, make_chooser
+from sluice_inference.router.policy.planner import BLOCKED, NO_WORKER, Planner, Send, Wait
+from sluice_inference.router.policy.queues import QueueFull, Queues
+from sluice_inference.router.policy.scheduler import Chooser, make_chooser
 from sluice_inference.router.policy.shapes import ShapeTable
+from sluice_inference.router.policy.versions import Serves, version_to_serve
 from sluice_inference.router.policy.workers import WorkerPool, WorkerSlot
+
+__all__ = [
+    "BUSY",
+    "HANG_FACTOR",
+    "MIN_RETRY_S",
+    "RouterCore",
+    "Serves",
+    "deadline_for",
+    "version_to_serve",
+]
 
 NO_WORKER_RETRY_S = 1.0
 """Hint for requests that find no worker serving their model: workers register within seconds."""
 WORKER_LOST_RETRY_S = 0.1
 """A worker vanished mid-batch: the request can be retried at once on another worker."""
-MIN_RETRY_S = 0.01
 SHAPES_BUSY_RETRY_S = 0.1
 """Every shape of the model has queued or running work: one of them is idle once a batch is answered."""
-HANG_FACTOR = 10.0
-"""A worker is hung once it holds work this many times longer than that work was expected to take (and
-at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
 ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 BATCH_S_WEIGHT = 0.2
@@ -99,19 +104,7 @@ BATCH_S_WEIGHT = 0.2
 MAX_HOST_S = 1.0
 """Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
 BUSY = "worker_busy"
-Serves = Callable[[str, str], bool]
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
-
-
-@dataclass(frozen=True)
-class _Waiting:
-    """A lane's last decision to wait: until `when`, or until it holds `rows`, taken at `epoch` of the
-    worker pool, when its tightest latest start was `latest_start`."""
-
-    when: float
-    rows: int
-    epoch: int
-    latest_start: float
 
 
 class RouterCore:
@@ -131,36 +124,32 @@ class RouterCore:
         shapes: ShapeTable | None = None,
     ) -> None:
         self.settings = settings
-        self.batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
-        self.chooser = chooser or make_chooser(settings.scheduler, rng)
+        batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
+        self.planner = Planner(batcher, chooser or make_chooser(settings.scheduler, rng))
         self.estimates = ServiceEstimates()
-        self.breaker = CircuitBreaker()
+        self.health = WorkerHealth(settings.worker_hang_s)
         self.workers = WorkerPool()
         self.admission = AdmissionController(admission, tenants, now)
-        self.queues = Queues(queue_bounds(admission), admission.aging_s, self.drain_seconds)
-        self.in_flight: dict[int, Dispatch] = {}
+        self.queues = Queues(queue_bounds(admission), admission.aging_s)
+        self.ledger = InFlight()
         self.max_batch_bytes = max_batch_bytes
-        self._item_batch: dict[int, int] = {}
-        self._overdue: list[tuple[float, int]] = []
-        """(earliest deadline not yet passed, batch id) of batches in flight."""
-        self._stalls: list[tuple[float, str, int]] = []
-        """(when a worker holding work counts as hung, worker, stamp) — a newer stamp supersedes."""
-        self._stall_stamp: dict[str, int] = {}
-        self._reopens: list[tuple[float, str]] = []
-        """(when a worker's open breaker lets a probe through, worker)."""
-        self._waiting: dict[LaneKey, _Waiting] = {}
-        """Each lane's last batching decision that was to wait (see `_still_waiting`)."""
-        self._lane_limits: dict[LaneKey, LaneLimits] = {}
-        """Each lane's limits, kept for requests that are queued again after their lane emptied."""
         self.shapes = ShapeTable() if shapes is None else shapes
-        """The lane shapes that hold state (the keys of `_lane_limits`, `_waiting`, the queues' statistics
-        and the shape fits are among them)."""
-        self._lane_batches: dict[LaneKey, int] = {}
-        """Batches in flight per lane (a shape with any is busy: never forgotten)."""
+        """The lane shapes that hold state (the queues' lanes, limits and statistics, the planner's waits
+        and the shape fits are kept only for shapes here)."""
         self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
-        self._host = NO_HOST_COST
-        """The router's own CPU per batch and per row, and whether it is the constraint (`host_load`)."""
+        self.view = CoreView(self)
+        """What the shell reads of the core (read-only snapshots)."""
+
+    @property
+    def in_flight(self) -> Mapping[int, Dispatch]:
+        """The batches in flight by id (read-only; the ledger owns them)."""
+        return self.ledger.batches
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker (owned by `health`)."""
+        return self.health.breaker
 
     # -- requests ---------------------------------------------------------------------------------------
     def new_request(
@@ -204,20 +193,33 @@ class RouterCore:
             self._end(decision, request, _no_worker(key))
         else:
             try:
-                self.admission.admit(request, limits, now, self)
+                self.admission.admit(request, limits, now, self._backlog(key, request.priority))
                 self._make_room(key)
-                self._lane_limits[key] = limits
+                self.queues.set_limits(key, limits)
                 self._queue(decision, request)
             except SluiceError as refused:
                 self._end(decision, request, refused)
             else:  # only its own lane can have changed: no need for a whole tick
                 lane = self.queues.lanes[key]
-                if self._still_waiting(lane, request, now):
-                    decision.wake(self._waiting[key].when)
+                waits_until = self.planner.still_waiting(lane, request, now, self.workers.epoch)
+                if waits_until is not None:
+                    decision.wake(waits_until)
                 else:
                     self._drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
         return decision
+
+    def _backlog(self, key: LaneKey, priority: int) -> Backlog:
+        """What the lane holds ahead of a newcomer of `priority`, for admission."""
+        lane = self.queues.lanes.get(key)
+        serving = self.workers.serving_count((key.model, key.version))
+        return Backlog(
+            self.estimates,
+            self.queues.rows_ahead(key, priority),
+            self.workers_full(key),
+            lane.limits.max_batch_size if lane is not None else 1,
+            max(1, serving),
+        )
 
     def _make_room(self, key: LaneKey) -> None:
         """Keep state for the lane's shape: it takes the place of its model's least recently used idle
@@ -232,16 +234,21 @@ class RouterCore:
             )
         for idle in forgotten:
             self.queues.forget(idle)
-            self._lane_limits.pop(idle, None)
-            self._waiting.pop(idle, None)
+            self.planner.forget(idle)
             self.estimates.forget_shape(idle.model, idle.version, idle.shape)
 
     def _busy(self, key: LaneKey) -> bool:
-        return self.queues.busy(key) or key in self._lane_batches
+        return self.queues.busy(key) or self.ledger.lane_busy(key)
 
     def _queue(self, decision: Decision, request: QueuedRequest) -> None:
-        """Queue a request; requests it evicts end UNAVAILABLE `shed` (raises if it does not fit)."""
-        for victim in self.queues.push(request, self._lane_limits[request.lane]):
+        """Queue a request; requests it evicts end UNAVAILABLE `shed`; raises UNAVAILABLE `queue_full`
+        (with the lane's drain time as hint) if it does not fit."""
+        try:
+            victims = self.queues.push(request)
+        except QueueFull as full:
+            hint = self.drain_seconds(request.lane)
+            raise Unavailable(f"queue full: {full}", reason="queue_full", retry_after_s=hint) from None
+        for victim in victims:
             shed = Unavailable(
                 "shed to make room for higher-priority work",
                 reason="shed",
@@ -259,7 +266,7 @@ class RouterCore:
         decision = Decision()
         request = self.queues.remove(request_id)
         if request is None:
-            dispatch = self.in_flight.get(self._item_batch.get(request_id, -1))
+            dispatch = self.ledger.holding(request_id)
             if dispatch is not None:
                 request = next(r for r in dispatch.requests if r.request_id == request_id)
                 if not request.ended:
@@ -315,20 +322,20 @@ class RouterCore:
 
     def _gone(self, decision: Decision, worker_id: str, why: str, now: float) -> None:
         slot = self.workers.get(worker_id)
-        lost = [self.in_flight[b] for b in (slot.batches if slot else ()) if b in self.in_flight]
+        lost = [d for d in map(self.ledger.get, slot.batches if slot else ()) if d is not None]
         if lost:
-            self.breaker.failure(worker_id, now)
+            self.health.breaker.failure(worker_id, now)
         for dispatch in lost:
-            self._forget_batch(dispatch)
+            self.ledger.forget(dispatch)
             self._lost(decision, dispatch, why, now)
         if self.workers.remove(worker_id) is not None:
             self.estimates.forget_worker(worker_id)
-        self._stall_stamp.pop(worker_id, None)
+        self.health.forget(worker_id)
 
     def send_failed(self, now: float, batch_id: int, why: str) -> Decision:
         """A batch could not be sent: its requests go elsewhere if they can, like a lost worker's."""
         decision = Decision()
-        dispatch = self.in_flight.get(batch_id)
+        dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
             self._settle_batch(dispatch, now)
             self._lost(decision, dispatch, why, now)
@@ -337,7 +344,7 @@ class RouterCore:
     def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
         """A worker answered a batch: learn from its timing, judge the worker, end each request."""
         decision = Decision()
-        dispatch = self.in_flight.get(answer.batch_id)
+        dispatch = self.ledger.get(answer.batch_id)
         if dispatch is None:
             return self._then_tick(decision, now)  # answered after it was lost or failed: nothing is owed
         slot = self._settle_batch(dispatch, now)
@@ -346,10 +353,10 @@ class RouterCore:
             if answer.queued_batches is not None:
                 self._others(slot, answer.queued_batches, now)
         if any(item.code and item.worker_fault for item in answer.items.values()):
-            self._breaker_failure(worker_id, now)
+            self.health.failed(worker_id, now)
         else:
-            self.breaker.success(worker_id)
-            self._allow(worker_id, now)
+            self.health.breaker.success(worker_id)
+        self._allow(worker_id, now)
         stats, items = self.queues.stats_of(dispatch.lane), answer.items
         for request in dispatch.requests:
             if not request.ended:
@@ -359,7 +366,7 @@ class RouterCore:
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
         """End a batch's requests with `error` (the shell could not handle its answer): nothing else."""
         decision = Decision()
-        dispatch = self.in_flight.get(batch_id)
+        dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
             self._settle_batch(dispatch, now)
             for request in dispatch.requests:
@@ -374,10 +381,11 @@ class RouterCore:
             for request in list(lane):
                 lane.remove(request.request_id)
                 self._end(decision, request, error)
-        for batch_id in list(self.in_flight):
+        for batch_id in self.ledger:
             decision.settled.extend(self.fail_batch(now, batch_id, error).settled)
         return decision
 
+    # -- tenants, peers and the host --------------------------------------------------------------------
     def set_tenants(self, now: float, tenants: dict[str, TenantSettings]) -> None:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
         self.admission.set_tenants(tenants, now)
@@ -408,8 +416,7 @@ class RouterCore:
         for name, value in (("batch_s", batch_s), ("row_s", row_s)):
             if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
                 raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
-        self._host = HostCost(batch_s, row_s, constrained)
-        self._waiting.clear()  # a lane's last decision to wait was taken at the old cost
+        self.planner.set_host(HostCost(batch_s, row_s, constrained))
         return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------
@@ -419,9 +426,21 @@ class RouterCore:
         decision = Decision()
         for request in self.queues.pop_late(now):
             self._end(decision, request, self._late(request, now))
-        self._overdue_in_flight(decision, now)
-        self._hung_workers(decision, now)
-        self._reopen_breakers(decision, now)
+        for dispatch, overdue in self.ledger.overdue(now):
+            for request in overdue:
+                late = DeadlineExceeded(
+                    "deadline passed before the worker answered", reason="expired_on_worker"
+                )
+                self._end(decision, request, late)
+                decision.drop(dispatch.worker_id, request.request_id)
+        decision.wake(self.ledger.next_overdue())
+        for worker_id in self.health.hung(now):
+            decision.lost.append(worker_id)
+            self._gone(decision, worker_id, "hung: no progress while holding batches", now)
+        decision.wake(self.health.next_hang())
+        for worker_id in self.health.reopened(now):
+            self._allow(worker_id, now)
+        decision.wake(self.health.next_reopen())
         for lane in self.queues.by_urgency(now):
             self._drain(decision, lane, now)
         self.queues.prune()
@@ -449,66 +468,7 @@ class RouterCore:
             retry_after_s=self.drain_seconds(request.lane),
         )
 
-    def _overdue_in_flight(self, decision: Decision, now: float) -> None:
-        while self._overdue and (self._overdue[0][0] <= now or self._overdue[0][1] not in self.in_flight):
-            _, batch_id = heapq.heappop(self._overdue)
-            dispatch = self.in_flight.get(batch_id)
-            if dispatch is None:
-                continue
-            for request in dispatch.requests:
-                if not request.ended and request.deadline <= now:
-                    overdue = DeadlineExceeded(
-                        "deadline passed before the worker answered", reason="expired_on_worker"
-                    )
-                    self._end(decision, request, overdue)
-                    decision.drop(dispatch.worker_id, request.request_id)
-            later = [r.deadline for r in dispatch.requests if not r.ended]
-            if later:
-                heapq.heappush(self._overdue, (min(later), batch_id))
-        if self._overdue:
-            decision.wake(self._overdue[0][0])
-
-    def _hung_workers(self, decision: Decision, now: float) -> None:
-        while self._stalls and self._stalls[0][0] <= now:
-            _, worker_id, stamp = heapq.heappop(self._stalls)
-            if self._stall_stamp.get(worker_id) == stamp:
-                decision.lost.append(worker_id)
-                self._gone(decision, worker_id, "hung: no progress while holding batches", now)
-        while self._stalls and self._stall_stamp.get(self._stalls[0][1]) != self._stalls[0][2]:
-            heapq.heappop(self._stalls)
-        if self._stalls:
-            decision.wake(self._stalls[0][0])
-
-    def _watch_progress(self, slot: WorkerSlot, now: float) -> None:
-        """(Re)arm the hang timer of a worker after it took or answered work."""
-        stamp = self._stall_stamp.get(slot.worker_id, 0) + 1
-        self._stall_stamp[slot.worker_id] = stamp
-        if slot.in_flight_batches:
-            at = slot.last_progress + max(self.settings.worker_hang_s, HANG_FACTOR * slot.held_s)
-            heapq.heappush(self._stalls, (at, slot.worker_id, stamp))
-
-    def _reopen_breakers(self, decision: Decision, now: float) -> None:
-        while self._reopens and self._reopens[0][0] <= now:
-            _, worker_id = heapq.heappop(self._reopens)
-            self._allow(worker_id, now)
-        if self._reopens:
-            decision.wake(self._reopens[0][0])
-
     # -- batches ----------------------------------------------------------------------------------------
-    def _still_waiting(self, lane: Lane, newcomer: QueuedRequest, now: float) -> bool:
-        """Whether the lane's last batching decision still stands after `newcomer` joined it: nothing about
-        the workers changed since, the lane is still short of the rows that decision waited for, its time
-        has not come, and the newcomer's budget is no tighter (then asking again would say the same; on
-        a busy lane this spares a decision per arrival)."""
-        waiting = self._waiting.get(lane.key)
-        return (
-            waiting is not None
-            and waiting.epoch == self.workers.epoch
-            and now < waiting.when
-            and lane.rows < waiting.rows
-            and newcomer.latest_start >= waiting.latest_start
-        )
-
     def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
         try:
             self._drain_lane(decision, lane, now)
@@ -516,58 +476,30 @@ class RouterCore:
             self._fail_lane(decision, lane, exc)
 
     def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
+        """Carry out the planner's steps for the lane until it waits, is blocked or is empty."""
         key = lane.key
         version = (key.model, key.version)
         if self.workers.serving_count(version) and not self.workers.free_count(version):
-            return  # every worker is full or breaker-blocked (what the chooser would find below, at once)
+            return  # every worker is full or breaker-blocked (what the chooser would find, at once)
         stats = self.queues.stats_of(key)
-
-        known: dict[int, float] = {}
-
-        def batch_seconds(rows: int) -> float:  # asked several times per decision: once per size
-            seconds = known.get(rows)
-            if seconds is None:
-                seconds = known[rows] = self.estimates.batch_seconds(
-                    key.model, key.version, rows, shape=key.shape
-                )
-            return seconds
-
-        def seconds_on(worker_id: str) -> float:
-            rows = min(lane.rows, lane.limits.max_batch_size)
-            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
-
         while len(lane):
-            serving = self.workers.serving_count(version)
-            if not serving:
+            rate = self.queues.total_arrival_rate(now) if self.planner.host.constrained else 0.0
+            step = self.planner.step(
+                lane, now, workers=self.workers, estimates=self.estimates, stats=stats,
+                routers=self.admission.limiter.routers, arrival_rate=rate,
+            )  # fmt: skip
+            if isinstance(step, Send):
+                self._send(decision, step.worker, lane, step.reason, now)
+                continue
+            if isinstance(step, Wait):
+                decision.wake(step.when)
+            elif step == NO_WORKER:
                 for request in list(lane):
                     lane.remove(request.request_id)
                     self._end(decision, request, _no_worker(key))
-                return
-            free = self.workers.free(version)
-            job = Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on)
-            worker = self.chooser.choose(free, job)
-            if worker is None:
-                return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
-            idle = worker.in_flight_batches == 0 and worker.others == 0
-            free_at = max(worker.busy_until, worker.others_free_at)
-            share = serving / self.admission.limiter.routers
-            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at, self._host_now(now))
-            verdict = self.batcher.decide(lane, ctx)
-            if not isinstance(verdict, Cut):
-                latest = lane.earliest_latest_start()
-                self._waiting[key] = _Waiting(
-                    verdict.when, verdict.rows, self.workers.epoch, math.inf if latest is None else latest
-                )
-                decision.wake(verdict.when)
-                return
-            self._send(decision, worker, lane, verdict.reason, now)
-
-    def _host_now(self, now: float) -> HostCost:
-        """The host's cost with the router's current arrival rate, which only a constrained host needs."""
-        if not self._host.constrained:
-            return self._host
-        host = self._host
-        return HostCost(host.batch_s, host.row_s, True, self.queues.total_arrival_rate(now))
+            else:
+                assert step == BLOCKED
+            return
 
     def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
         key = lane.key
@@ -577,15 +509,11 @@ class RouterCore:
         dispatch = Dispatch(
             next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
         )
-        self.in_flight[dispatch.batch_id] = dispatch
-        self._lane_batches[key] = self._lane_batches.get(key, 0) + 1
-        for request in requests:
-            self._item_batch[request.request_id] = dispatch.batch_id
-        heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
+        self.ledger.add(dispatch)
         self.workers.reserve(worker, dispatch.batch_id, rows, now, expected)
-        self.breaker.dispatched(worker.worker_id, now)
+        self.health.breaker.dispatched(worker.worker_id, now)
         self._allow(worker.worker_id, now)
-        self._watch_progress(worker, now)
+        self.health.watch(worker)
         decision.dispatches.append(dispatch)
 
     def _fail_lane(self, decision: Decision, lane: Lane, exc: Exception) -> None:
@@ -599,20 +527,12 @@ class RouterCore:
 
     def _settle_batch(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
         """A batch is no longer in flight (answered, lost or unsent): free its worker's place."""
-        self._forget_batch(dispatch)
+        self.ledger.forget(dispatch)
         slot = self.workers.get(dispatch.worker_id)
         if slot is not None and dispatch.batch_id in slot.batches:
             self.workers.release(slot, dispatch.batch_id, dispatch.rows, now)
-            self._watch_progress(slot, now)
+            self.health.watch(slot)
         return slot
-
-    def _forget_batch(self, dispatch: Dispatch) -> None:
-        if self.in_flight.pop(dispatch.batch_id, None) is not None:
-            left = self._lane_batches.pop(dispatch.lane) - 1
-            if left:
-                self._lane_batches[dispatch.lane] = left
-        for request in dispatch.requests:
-            self._item_batch.pop(request.request_id, None)
 
     def _learn(
         self, decision: Decision, slot: WorkerSlot, dispatch: Dispatch, answer: BatchAnswer, now: float
@@ -702,20 +622,13 @@ class RouterCore:
         slot.others_free_at = now + slot.others * slot.batch_s
         self.workers.refresh(slot)
 
-    def _breaker_failure(self, worker_id: str, now: float) -> None:
-        self.breaker.failure(worker_id, now)
-        self._allow(worker_id, now)
-        reopen = self.breaker.reopens_at(worker_id)
-        if reopen is not None and reopen > now:
-            heapq.heappush(self._reopens, (reopen, worker_id))
-
     def _allow(self, worker_id: str, now: float) -> None:
         slot = self.workers.get(worker_id)
         if slot is not None:
-            slot.allowed = self.breaker.allows(worker_id, now)
+            slot.allowed = self.health.breaker.allows(worker_id, now)
             self.workers.refresh(slot)
 
-    # -- views ------------------------------------------------------------------------------------------
+    # -- questions (the shell reads them through `view`) -------------------------------------------------
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
         return self.workers.serving_count((model, version)) > 0
@@ -736,8 +649,7 @@ class RouterCore:
             rows = lane.rows if lane is not None else 0
         batch = lane.limits.max_batch_size if lane is not None else 1
         workers = max(1, self.workers.serving_count((key.model, key.version)))
-        per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
-        return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
+        return drain_seconds(self.estimates, key, rows, batch, workers)
 
     def shape_state(self) -> dict[str, int]:
         """Entries of each table kept per lane shape (each bounded by the `ShapeTable`'s limit per model)."""
@@ -745,9 +657,9 @@ class RouterCore:
             "shapes": len(self.shapes),
             "lanes": len(self.queues.lanes),
             "lane_stats": len(self.queues.stats),
-            "lane_limits": len(self._lane_limits),
-            "waiting": len(self._waiting),
-            "lanes_in_flight": len(self._lane_batches),
+            "lane_limits": len(self.queues.limits),
+            "waiting": len(self.planner),
+            "lanes_in_flight": self.ledger.lanes_busy(),
             "fits": self.estimates.fits(),
         }
 
@@ -769,16 +681,6 @@ def deadline_for(
     default; never further than `max_timeout_s` (a request may only shorten the server's limit)."""
     budgets = [t for t in (time_remaining, timeout_s) if t is not None]
     return now + min(*(budgets or [settings.default_timeout_s]), settings.max_timeout_s)
-
-
-def version_to_serve(catalog: ModelCatalog, name: str, version: str, serves: Serves) -> ModelRecord:
-    """The version to serve: the one asked for, or the highest a worker accepts batches for right now (a
-    version registered but not yet connected would only answer UNAVAILABLE), else the highest registered."""
-    if not version:
-        serving = [v for v in catalog.versions(name) if serves(name, v)]
-        if serving:
-            return catalog.resolve(name, serving[-1])
-    return catalog.resolve(name, version)
 
 
 def _no_worker(key: LaneKey) -> Unavailable:
