@@ -95,7 +95,20 @@ class CoreView:
 
     def breaker_open(self, worker_id: str, now: float) -> bool:
         """Whether the worker's breaker keeps batches from it now."""
-        return not self._core.health.breaker.allows(worker_id, now)
+        return not self._core.breaker.allows(worker_id, now)
+
+    def shape_state(self) -> dict[str, int]:
+        """Entries of each table kept per lane shape (each bounded by the `ShapeTable`'s limit per model)."""
+        core = self._core
+        return {
+            "shapes": len(core.shapes),
+            "lanes": len(core.queues.lanes),
+            "lane_stats": len(core.queues.stats),
+            "lane_limits": len(core.queues.limits),
+            "waiting": len(core.planner),
+            "lanes_in_flight": core.ledger.lanes_busy(),
+            "fits": core.estimates.fits(),
+        }
 
     # -- estimates --------------------------------------------------------------------------------------
     def batch_seconds(self, model: str, version: str, rows: int, worker: str = "") -> float:

@@ -47,6 +47,8 @@ class Wait:
     when: float
 
 
+MAX_HOST_S = 1.0
+"""Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
 NO_WORKER = "no_worker"
 """No accepting worker serves the lane's version: its requests end."""
 BLOCKED = "blocked"
@@ -72,7 +74,11 @@ class Planner:
         self._waiting.pop(key, None)
 
     def set_host(self, host: HostCost) -> None:
-        """A new host cost: every remembered wait was decided at the old one."""
+        """A new host cost: every remembered wait was decided at the old one. Raises ValueError for a cost
+        outside 0..`MAX_HOST_S`."""
+        for name, value in (("batch_s", host.batch_s), ("row_s", host.row_s)):
+            if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
+                raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
         self.host = host
         self._waiting.clear()
 
