@@ -1,6 +1,6 @@
 """Admission: decide before any scarce work is spent whether a request may queue at all.
 
-Checks, in order (each failure is explicit, typed and carries the right retry semantics, DESIGN.md §5):
+Checks, in order (each failure is explicit, typed and carries the right retry semantics, docs/design.md §5):
 1. quotas — this router's share of the tenant's in-flight cap, the tenant's token bucket, the global
    bucket → RESOURCE_EXHAUSTED with the time until a token (or a slot) frees up;
 2. the deadline budget — terminal only when no load could meet it: the whole budget the client gave

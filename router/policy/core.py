@@ -39,7 +39,6 @@ from sluice_inference.common.config import AdmissionSettings, RouterSettings, Te
 from sluice_inference.common.errors import (
     Cancelled,
     DeadlineExceeded,
-    Internal,
     SluiceError,
     Unavailable,
 )
@@ -51,23 +50,23 @@ from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.core_view import CoreView
 from sluice_inference.router.policy.deadlines import deadline_for
 from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.dispatching import Dispatcher
 from sluice_inference.router.policy.endings import BUSY, Endings, no_worker
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.fleet import Fleet
 from sluice_inference.router.policy.health import HANG_FACTOR
 from sluice_inference.router.policy.in_flight import InFlight
-from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
     BatchAnswer,
     Decision,
     Dispatch,
 )
-from sluice_inference.router.policy.planner import BLOCKED, NO_WORKER, Planner, Send, Wait
+from sluice_inference.router.policy.planner import Planner
 from sluice_inference.router.policy.queues import Queues
 from sluice_inference.router.policy.scheduler import Chooser, make_chooser
 from sluice_inference.router.policy.shapes import ShapeTable
 from sluice_inference.router.policy.versions import Serves, version_to_serve
-from sluice_inference.router.policy.workers import WorkerSlot
 
 __all__ = [
     "BUSY",
@@ -112,11 +111,14 @@ class RouterCore:
         self.queues = Queues(queue_bounds(admission), admission.aging_s)
         self.ledger = InFlight()
         self.endings = Endings(self.admission, self.queues, self.workers, self.estimates)
+        self.dispatcher = Dispatcher(
+            self.planner, self.fleet, self.ledger, self.endings,
+            estimates=self.estimates, queues=self.queues, limiter=self.admission.limiter,
+        )  # fmt: skip
         self.max_batch_bytes = max_batch_bytes
         self.shapes = ShapeTable() if shapes is None else shapes
         """The lane shapes that hold state (the queues' lanes, limits and statistics, the planner's waits
         and the shape fits are kept only for shapes here)."""
-        self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self.view = CoreView(self)
         """What the shell reads of the core (read-only snapshots)."""
@@ -185,7 +187,7 @@ class RouterCore:
                 if waits_until is not None:
                     decision.wake(waits_until)
                 else:
-                    self._drain(decision, lane, now)
+                    self.dispatcher.drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
         return decision
 
@@ -284,7 +286,7 @@ class RouterCore:
         decision = Decision()
         dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
-            self._settle_batch(dispatch, now)
+            self.dispatcher.settle(dispatch, now)
             self.endings.lost(decision, dispatch, why, now)
         return self._then_tick(decision, now)
 
@@ -294,7 +296,7 @@ class RouterCore:
         dispatch = self.ledger.get(answer.batch_id)
         if dispatch is None:
             return self._then_tick(decision, now)  # answered after it was lost or failed: nothing is owed
-        slot = self._settle_batch(dispatch, now)
+        slot = self.dispatcher.settle(dispatch, now)
         learned = self.fleet.answered(worker_id, slot, dispatch, answer, now)
         if learned is not None:
             decision.learned.append(learned)
@@ -311,7 +313,7 @@ class RouterCore:
         decision = Decision()
         dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
-            self._settle_batch(dispatch, now)
+            self.dispatcher.settle(dispatch, now)
             for request in dispatch.requests:
                 self.endings.end(decision, request, error)
         return decision
@@ -383,7 +385,7 @@ class RouterCore:
             self.fleet.allow(worker_id, now)
         decision.wake(health.next_reopen())
         for lane in self.queues.by_urgency(now):
-            self._drain(decision, lane, now)
+            self.dispatcher.drain(decision, lane, now)
         self.queues.prune()
         decision.wake(self.queues.next_late())
         return decision
@@ -398,65 +400,6 @@ class RouterCore:
         decision.lost.extend(ticked.lost)
         decision.wake(ticked.wake_at)
         return decision
-
-    # -- batches ----------------------------------------------------------------------------------------
-    def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
-        try:
-            self._drain_lane(decision, lane, now)
-        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
-            self._fail_lane(decision, lane, exc)
-
-    def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
-        """Carry out the planner's steps for the lane until it waits, is blocked or is empty."""
-        key = lane.key
-        version = (key.model, key.version)
-        if self.workers.serving_count(version) and not self.workers.free_count(version):
-            return  # every worker is full or breaker-blocked (what the chooser would find, at once)
-        stats = self.queues.stats_of(key)
-        while len(lane):
-            rate = self.queues.total_arrival_rate(now) if self.planner.host.constrained else 0.0
-            step = self.planner.step(
-                lane, now, workers=self.workers, estimates=self.estimates, stats=stats,
-                routers=self.admission.limiter.routers, arrival_rate=rate,
-            )  # fmt: skip
-            if isinstance(step, Send):
-                self._send(decision, step.worker, lane, step.reason, now)
-                continue
-            if isinstance(step, Wait):
-                decision.wake(step.when)
-            elif step == NO_WORKER:
-                for request in list(lane):
-                    lane.remove(request.request_id)
-                    self.endings.end(decision, request, no_worker(key))
-            else:
-                assert step == BLOCKED
-            return
-
-    def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
-        key = lane.key
-        requests = tuple(lane.pop_batch(now))
-        rows = sum(r.rows for r in requests)
-        expected = self.estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
-        dispatch = Dispatch(
-            next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
-        )
-        self.ledger.add(dispatch)
-        self.fleet.reserve(worker, dispatch, now)
-        decision.dispatches.append(dispatch)
-
-    def _fail_lane(self, decision: Decision, lane: Lane, exc: Exception) -> None:
-        error = Internal(
-            f"the router failed to schedule this request ({type(exc).__name__})", reason="internal"
-        )
-        error.__cause__ = exc
-        for request in list(lane):
-            lane.remove(request.request_id)
-            self.endings.end(decision, request, error)
-
-    def _settle_batch(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
-        """A batch is no longer in flight (answered, lost or unsent): free its worker's place."""
-        self.ledger.forget(dispatch)
-        return self.fleet.release(dispatch, now)
 
     # -- questions (the shell reads them through `view`) -------------------------------------------------
     def serves(self, model: str, version: str) -> bool:
