@@ -8,7 +8,7 @@ rows": the core's retry hints (queue full, shed, unmeetable) and admission's que
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneKey
@@ -17,9 +17,8 @@ MIN_RETRY_S = 0.01
 """Shortest retry hint: below it a client would only spin."""
 
 
-@dataclass(frozen=True)
-class Backlog:
-    """A lane as a newcomer of a given priority finds it."""
+class Backlog(NamedTuple):
+    """A lane as a newcomer of a given priority finds it (a tuple: one is built per arrival, in C)."""
 
     estimates: ServiceEstimates
     """The router's execution-time estimates (read, never changed, by admission)."""

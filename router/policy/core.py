@@ -194,13 +194,14 @@ class RouterCore:
     def _backlog(self, key: LaneKey, priority: int) -> Backlog:
         """What the lane holds ahead of a newcomer of `priority`, for admission."""
         lane = self.queues.lanes.get(key)
-        serving = self.workers.serving_count((key.model, key.version))
+        version = (key.model, key.version)
+        serving = self.workers.serving_count(version)
         return Backlog(
             self.estimates,
-            self.queues.rows_ahead(key, priority),
-            self.workers_full(key),
-            lane.limits.max_batch_size if lane is not None else 1,
-            max(1, serving),
+            0 if lane is None else lane.rows_ahead_of(priority),
+            serving > 0 and not self.workers.free_count(version),
+            1 if lane is None else lane.limits.max_batch_size,
+            serving or 1,
         )
 
     def _make_room(self, key: LaneKey) -> None:
@@ -405,11 +406,6 @@ class RouterCore:
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
         return self.workers.serving_count((model, version)) > 0
-
-    def workers_full(self, key: LaneKey) -> bool:
-        """Whether every worker serving the lane's version is full (admission's view)."""
-        version = (key.model, key.version)
-        return self.workers.serving_count(version) > 0 and not self.workers.free_count(version)
 
     def accepting(self, worker_id: str) -> bool:
         """Whether the worker takes batches from this router now."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice_inference.router.policy.lanes import LaneKey
+from sluice_inference.router.policy.outcomes import Dispatch
 from sluice_inference.router.policy.queues import VersionQueue
 
 if TYPE_CHECKING:
@@ -92,6 +93,10 @@ class CoreView:
     def in_flight_batches(self) -> int:
         """Batches this router has on all workers."""
         return len(self._core.ledger)
+
+    def dispatch(self, batch_id: int) -> Dispatch | None:
+        """The batch, while it is in flight (the same frozen `Dispatch` the core's decision carried)."""
+        return self._core.ledger.get(batch_id)
 
     def breaker_open(self, worker_id: str, now: float) -> bool:
         """Whether the worker's breaker keeps batches from it now."""

@@ -185,11 +185,6 @@ class Queues:
         """Rows per second arriving recently at this router, all models together."""
         return sum(arrivals.rate(now) for arrivals in self._arrivals.values())
 
-    def rows_ahead(self, key: LaneKey, priority: int) -> int:
-        """Rows a new request of `priority` would wait behind in the lane."""
-        lane = self.lanes.get(key)
-        return 0 if lane is None else lane.rows_ahead_of(priority)
-
     def queued(self) -> int:
         """Requests waiting in lanes."""
         return sum(len(lane) for lane in self.lanes.values())

@@ -30,6 +30,7 @@ def test_in_flight_lanes_and_queues_are_snapshots() -> None:
     view = core.view
     dispatch = occupy(core)
     assert view.in_flight_batches() == 1 and view.in_flight_on(dispatch.worker_id) == 1
+    assert view.dispatch(dispatch.batch_id) is dispatch and view.dispatch(dispatch.batch_id + 1) is None
     core.arrive(0.5, request(0.5, timeout=60.0), LIMITS)
     [lane] = view.lanes(1.0)
     assert lane.key == KEY and lane.depth == 1 and lane.oldest_age_s == pytest.approx(0.5)
