@@ -1,6 +1,6 @@
 """The Sluice client library: one logical call = one deadline, one idempotency key, a few budgeted retries.
 
-DESIGN.md §5 puts retries at exactly one layer, this one. The rules of a logical call (`SluiceClient.infer`):
+docs/design.md §5 puts retries in one layer, this one. The rules of a logical call (`SluiceClient.infer`):
 
 1. It has one absolute deadline, `timeout_s` (else `default_timeout_s`) after it starts. Each attempt's gRPC
    timeout is the time left; a wait that would end at or past the deadline is not begun, so no attempt ever
@@ -247,7 +247,7 @@ def _result(response: kserve.ModelInferResponse, attempts: int, latency_s: float
 
 
 def check_idempotency_key(key: str) -> str:
-    """The key, if it is 1-255 printable ASCII characters (DESIGN.md §4); else InvalidArgument."""
+    """The key, if it is 1-255 printable ASCII characters (docs/design.md §4); else InvalidArgument."""
     if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not all(" " <= c <= "~" for c in key):
         raise InvalidArgument("idempotency key must be 1-255 printable ASCII characters", reason="bad_key")
     return key

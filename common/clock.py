@@ -1,8 +1,14 @@
 """Time as an injected object, so policy code is deterministic under test and in the simulator.
 
-Every `now` in Sluice is a float of seconds on a monotonic scale owned by a Clock. Deadlines are absolute
-times on that scale, set once at admission. Only the I/O shell uses `MonotonicClock`; tests and the
-simulator use `FakeClock`, which moves only when told to.
+Every `now` the policy core (router/policy/) is given is a float of seconds on a monotonic scale owned by a
+Clock: the shell reads it and passes it in, the core never reads time itself. Deadlines are absolute times
+on that scale, set once at admission. Production uses `MonotonicClock`; tests and the simulator use
+`FakeClock`, which moves only when told to.
+
+Not yet true of the shells (issue 19, point 6): some timers and sleeps in router/ and worker/ still use the
+event loop's clock (`loop.time()`, `call_later`/`call_at`, `asyncio.sleep`, `asyncio.wait_for`) or
+`time.monotonic` directly. On Linux these read the same monotonic scale as `MonotonicClock`, so the times
+agree in production, but a `FakeClock` cannot drive those waits.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Credentials of the router → worker hop (DESIGN.md §9), for both ends, and the identity proof that comes
+"""Credentials of the router → worker hop (docs/design.md §9), for both ends, and the identity proof coming
 before any secret is sent to an address read from etcd (docs/security.md, "Router → worker").
 
 - mTLS: one cluster CA. A caller dialling the address in `workers/<id>` makes gRPC check that the

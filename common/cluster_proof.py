@@ -1,4 +1,4 @@
-"""Proving possession of the cluster token without sending it (DESIGN.md §9, 2026-12-01; docs/security.md
+"""Proving possession of the cluster token without sending it (docs/design.md §9, 2026-12-01; docs/security.md
 "Router → worker"). Sans-IO: bytes and `now` in, bytes or a refusal out; the gRPC ends live in
 common/cluster_auth.py.
 

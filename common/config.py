@@ -282,7 +282,7 @@ ANONYMOUS_TENANT = "anonymous"
 
 
 class TenantSettings(_Section):
-    """One tenant's identity and quotas (DESIGN.md §8). Priorities follow Triton: 1 is the highest."""
+    """One tenant's identity and quotas (docs/design.md §8). Priorities follow Triton: 1 is the highest."""
 
     api_keys: list[str] = []
     """SHA-256 of each API key, as `sha256:<hex>` (`sluice keys hash KEY` prints one); keys never stored."""

@@ -1,7 +1,7 @@
 """Prefix watches that survive etcd outages: a stream of whole snapshots of one key prefix.
 
 Invariants: whole snapshots, never deltas, so a consumer that missed one is never wrong for long; nothing
-is yielded while etcd is unreachable (callers keep serving from their last view, DESIGN.md §6); once etcd
+is yielded while etcd is unreachable (callers keep serving from their last view, docs/design.md §6); once etcd
 answers again the prefix is re-read (yielded if it changed) and re-watched from the read's revision + 1,
 so no event between the read and the watch is lost. aetcd does not reconnect a broken watch, so every
 failure drops the client and opens a fresh one after a bounded backoff.
@@ -179,7 +179,7 @@ def decode_json_value(raw: bytes, *, what: str) -> object:
 class WatchHealth:
     """Whether one followed prefix is being applied: False from a failure of its consumer until a fresh
     snapshot has been applied again (and before the first one). An etcd outage leaves it as it was: the
-    process keeps serving from its last view (DESIGN.md §6)."""
+    process keeps serving from its last view (docs/design.md §6)."""
 
     name: str
     running: bool = False

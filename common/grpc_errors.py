@@ -1,4 +1,4 @@
-"""The one boundary where a SluiceError becomes a gRPC status (DESIGN.md §5), and back.
+"""The one boundary where a SluiceError becomes a gRPC status (docs/design.md §5), and back.
 
 Retryable errors carry both standard hints: a `google.rpc.RetryInfo` detail in `grpc-status-details-bin`
 and the `grpc-retry-pushback-ms` trailer that gRPC's own retry policy honours. Terminal errors send

@@ -151,7 +151,7 @@ def call_from_request(
 
 
 def response_from_result(result: InferResult) -> kserve.ModelInferResponse:
-    """A ModelInferResponse with raw output buffers and Sluice's response parameters (DESIGN.md §4):
+    """A ModelInferResponse with raw output buffers and Sluice's response parameters (docs/design.md §4):
     `sluice_batch_size`, `sluice_queue_us`, `sluice_worker` when a worker served it, `sluice_cache` when
     the model is cacheable, `sluice_replayed` for an idempotent replay."""
     response = kserve.ModelInferResponse(

@@ -1,4 +1,4 @@
-"""One bidirectional stream to one worker (DESIGN.md: sluice/v1/worker.proto), and the set of them.
+"""One bidirectional stream to one worker (docs/design.md §2: sluice/v1/worker.proto), and the set of them.
 
 A link only moves messages: `send` queues a RouterMessage for the writer, every WorkerMessage read is
 handed to `on_message` (the driver), the first one also to `on_up`, and when the stream ends for any

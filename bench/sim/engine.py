@@ -1,4 +1,4 @@
-"""The event loop: the second driver of the router core, under virtual time (DESIGN.md §10).
+"""The event loop: the second driver of the router core, under virtual time (docs/design.md §10).
 
 Like `router/driver.py` it only translates events into `RouterCore` calls and carries the returned
 decisions out — the rules are the core's, so the simulator cannot drift from the server:

@@ -1,6 +1,6 @@
 """Admission: decide before any scarce work is spent whether a request may queue at all.
 
-Checks, in order (each failure is explicit, typed and carries the right retry semantics, DESIGN.md §5):
+Checks, in order (each failure is explicit, typed and carries the right retry semantics, docs/design.md §5):
 1. quotas — this router's share of the tenant's in-flight cap, the tenant's token bucket, the global
    bucket → RESOURCE_EXHAUSTED with the time until a token (or a slot) frees up;
 2. the deadline budget — terminal only when no load could meet it: the whole budget the client gave
@@ -23,13 +23,13 @@ baseline our overload figures compare against.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 from sluice_inference.common.config import AdmissionSettings, TenantSettings
 from sluice_inference.common.errors import InvalidArgument, Unavailable
+from sluice_inference.router.policy.backlog import Backlog
 from sluice_inference.router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
 from sluice_inference.router.policy.estimators import ServiceEstimates
-from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
 from sluice_inference.router.policy.queues import QueueBounds
 from sluice_inference.router.policy.ratelimit import Quota, RateLimiter
 from sluice_inference.router.policy.shares import ShareBook
@@ -56,24 +56,6 @@ def queue_bounds(settings: AdmissionSettings) -> QueueBounds | None:
     if not settings.enabled:
         return None
     return QueueBounds(settings.lane_max_queued, settings.max_queued_bytes)
-
-
-class QueueView(Protocol):
-    """What admission reads of the queues and workers (the router core)."""
-
-    estimates: ServiceEstimates
-
-    def rows_ahead(self, key: LaneKey, priority: int) -> int:
-        """Rows queued in the lane at this priority or better."""
-        ...
-
-    def workers_full(self, key: LaneKey) -> bool:
-        """Whether every worker serving the lane's version is busy (none could take a batch now)."""
-        ...
-
-    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
-        """Estimated time for the lane's workers to work through `rows` (default: the whole lane)."""
-        ...
 
 
 class AdmissionController:
@@ -134,27 +116,26 @@ class AdmissionController:
         return seconds * self.settings.estimate_margin
 
     @staticmethod
-    def queue_wait_seconds(request: QueuedRequest, view: QueueView, full_s: float) -> float:
+    def queue_wait_seconds(request: QueuedRequest, backlog: Backlog, full_s: float) -> float:
         """Estimated wait before the request's batch can start, at its priority, under current load
         (other routers' batches on the workers included: they make the workers full, and then one full
         batch, `full_s`, runs before it)."""
-        key = request.lane
-        ahead = view.rows_ahead(key, request.priority)
-        busy = view.workers_full(key)
+        ahead, busy = backlog.rows_ahead, backlog.workers_full
         if not ahead and not busy:
             return 0.0
-        wait = view.drain_seconds(key, ahead) if ahead else 0.0
+        wait = backlog.drain_seconds(request.lane, ahead) if ahead else 0.0
         if busy:
             wait += full_s
         return wait
 
-    def admit(self, request: QueuedRequest, limits: LaneLimits, now: float, view: QueueView) -> None:
-        """Take the request's quota and set its latest start, or raise (nothing taken). The caller queues
-        it next, and calls `release` once it ends."""
+    def admit(self, request: QueuedRequest, limits: LaneLimits, now: float, backlog: Backlog) -> None:
+        """Take the request's quota and set its latest start, or raise (nothing taken). `backlog` is what
+        its lane holds ahead of it, as numbers (nothing is called back). The caller queues it next, and
+        calls `release` once it ends."""
         if not self.settings.enabled:
             request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
             return
-        key, estimates = request.lane, view.estimates
+        key, estimates = request.lane, backlog.estimates
         execution = self.execution_seconds(request, estimates)
         if request.tenant != AUDIT_TENANT:
             self.demand.note(request.tenant, now)
@@ -162,7 +143,7 @@ class AdmissionController:
         # The full batch's time, asked once: the queue wait and the latest start both budget for it.
         full = estimates.batch_seconds(key.model, key.version, limits.max_batch_size, shape=key.shape)
         try:
-            self._check_deadline(request, execution, now, view, full)
+            self._check_deadline(request, execution, now, backlog, full)
         except BaseException:
             self.limiter.release(request.tenant)
             raise
@@ -188,12 +169,12 @@ class AdmissionController:
         return conservative if conservative > now else request.deadline - execution
 
     def _check_deadline(
-        self, request: QueuedRequest, execution: float, now: float, view: QueueView, full: float
+        self, request: QueuedRequest, execution: float, now: float, backlog: Backlog, full: float
     ) -> None:
         """Refuse a deadline no load could meet (terminal), or one the current state cannot (retryable)."""
         key = request.lane
         given = request.deadline - request.arrival
-        best = view.estimates.best_case_seconds(key.model, key.version, request.rows)
+        best = backlog.estimates.best_case_seconds(key.model, key.version, request.rows)
         if given < best:
             raise InvalidArgument(
                 f"deadline of {given * 1000:.1f} ms is shorter than the model's best-case service time "
@@ -201,7 +182,7 @@ class AdmissionController:
                 reason="deadline_too_short",
             )
         budget = request.deadline - now
-        wait = self.queue_wait_seconds(request, view, full)
+        wait = self.queue_wait_seconds(request, backlog, full)
         if budget < execution:
             spent = now - request.arrival
             raise Unavailable(

@@ -11,24 +11,19 @@ The asyncio driver (router/driver.py) and the simulator (bench/sim/engine.py) on
 carry decisions out; every rule has its home here or in a module this one calls.
 
 Rules, and where they live:
-1. arrival: a deadline already passed → DEADLINE_EXCEEDED; no accepting worker serves the version →
-   UNAVAILABLE `no_worker`; then admission (quotas, deadline budget: admission.py), room for the lane's
-   shape (shapes.py: a new shape takes an idle one's place, or is refused UNAVAILABLE `too_many_shapes`)
-   and the queue bounds (queues.py), whose refusals and evictions end requests here.
-2. queued: a request still waiting at its latest start is shed (UNAVAILABLE while its deadline is ahead,
-   DEADLINE_EXCEEDED after); each lane, most urgent first, is cut when the batcher says (batcher.py) and
-   sent to the worker the chooser picks (scheduler.py) among those with a free place (workers.py).
-3. dispatched: a request not answered by its deadline ends DEADLINE_EXCEEDED then and its worker is told
-   to drop it; a worker that holds batches and answers none for `hang_after_s` (or `HANG_FACTOR` times
-   their estimate) is lost.
-4. answered: the batch's time teaches the estimates (from when the worker could start it — sent to an
-   idle worker, or its previous answer — to this answer, or the forward time if longer); a failure the
-   worker blames on itself counts against its breaker, anything else closes it; each request ends with
-   its outcome, DEADLINE_EXCEEDED if it came after the deadline, or goes elsewhere if the worker was busy.
-5. lost (worker gone, stream broke, send failed): each request is dispatched once more if its latest start
-   allows, else UNAVAILABLE `worker_lost` with a short hint.
-6. the version to serve and the deadline of a request are decided here too (`version_to_serve`,
-   `deadline_for`, which the data plane calls).
+1. arrival (`arrive`): a deadline already passed → DEADLINE_EXCEEDED; no accepting worker serves the
+   version → UNAVAILABLE `no_worker`; then admission (admission.py), room for the lane's shape (shapes.py,
+   else UNAVAILABLE `too_many_shapes`) and the queue bounds (queues.py).
+2. queued (`tick`): a request still waiting at its latest start is shed (endings.py `late`); each lane,
+   most urgent first, goes where the planner says (planner.py).
+3. dispatched: an overdue request ends DEADLINE_EXCEEDED and its worker is told to drop it (in_flight.py);
+   a worker holding batches without progress is lost (health.py).
+4. answered, lost, refused: the fleet learns and judges the worker (fleet.py); each request ends, or is
+   queued once more, by the rules of endings.py.
+5. the version to serve (versions.py) and a request's deadline (deadlines.py) are policy too.
+Each piece of state has one owner, and none calls back into the core: the ledger and the health timers
+return what is due, the planner one step per lane; admission takes a `Backlog` of numbers (backlog.py);
+the queues own the lanes and their limits. The shell reads the core through `view` (core_view.py).
 Invariants: a request is queued, dispatched or ended — exactly one; it ends exactly once, and releases
 its admission slot then; `now` is never defaulted; state kept per lane shape (lanes, limits, waits,
 statistics, fits) exists only for shapes the `ShapeTable` holds.
@@ -36,82 +31,57 @@ statistics, fits) exists only for shapes the `ShapeTable` holds.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
     Cancelled,
     DeadlineExceeded,
-    Internal,
     SluiceError,
     Unavailable,
-    error_for_code,
 )
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
-from sluice_inference.router.policy.batcher import (
-    NO_HOST_COST,
-    AdaptiveBatcher,
-    BatchContext,
-    Batcher,
-    Cut,
-    HostCost,
-    TimerBatcher,
-)
+from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog
+from sluice_inference.router.policy.batcher import AdaptiveBatcher, Batcher, HostCost, TimerBatcher
 from sluice_inference.router.policy.breaker import CircuitBreaker
-from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.core_view import CoreView
+from sluice_inference.router.policy.deadlines import deadline_for
 from sluice_inference.router.policy.demand import Demand
+from sluice_inference.router.policy.dispatching import Dispatcher
+from sluice_inference.router.policy.endings import BUSY, Endings, no_worker
 from sluice_inference.router.policy.estimators import ServiceEstimates
-from sluice_inference.router.policy.lane_stats import LaneStats
-from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.fleet import Fleet
+from sluice_inference.router.policy.health import HANG_FACTOR
+from sluice_inference.router.policy.in_flight import InFlight
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
     BatchAnswer,
     Decision,
     Dispatch,
-    ItemAnswer,
-    Learned,
-    Served,
 )
+from sluice_inference.router.policy.planner import Planner
 from sluice_inference.router.policy.queues import Queues
-from sluice_inference.router.policy.scheduler import Chooser, Job, make_chooser
+from sluice_inference.router.policy.scheduler import Chooser, make_chooser
 from sluice_inference.router.policy.shapes import ShapeTable
-from sluice_inference.router.policy.workers import WorkerPool, WorkerSlot
+from sluice_inference.router.policy.versions import Serves, version_to_serve
 
-NO_WORKER_RETRY_S = 1.0
-"""Hint for requests that find no worker serving their model: workers register within seconds."""
-WORKER_LOST_RETRY_S = 0.1
-"""A worker vanished mid-batch: the request can be retried at once on another worker."""
-MIN_RETRY_S = 0.01
+__all__ = [
+    "BUSY",
+    "HANG_FACTOR",
+    "MIN_RETRY_S",
+    "RouterCore",
+    "Serves",
+    "deadline_for",
+    "version_to_serve",
+]
+
 SHAPES_BUSY_RETRY_S = 0.1
 """Every shape of the model has queued or running work: one of them is idle once a batch is answered."""
-HANG_FACTOR = 10.0
-"""A worker is hung once it holds work this many times longer than that work was expected to take (and
-at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
 ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
-BATCH_S_WEIGHT = 0.2
-"""How fast a worker's typical batch time follows what this router measures there."""
-MAX_HOST_S = 1.0
-"""Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
-BUSY = "worker_busy"
-Serves = Callable[[str, str], bool]
-"""Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
-
-
-@dataclass(frozen=True)
-class _Waiting:
-    """A lane's last decision to wait: until `when`, or until it holds `rows`, taken at `epoch` of the
-    worker pool, when its tightest latest start was `latest_start`."""
-
-    when: float
-    rows: int
-    epoch: int
-    latest_start: float
 
 
 class RouterCore:
@@ -131,36 +101,37 @@ class RouterCore:
         shapes: ShapeTable | None = None,
     ) -> None:
         self.settings = settings
-        self.batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
-        self.chooser = chooser or make_chooser(settings.scheduler, rng)
+        batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
+        self.planner = Planner(batcher, chooser or make_chooser(settings.scheduler, rng))
         self.estimates = ServiceEstimates()
-        self.breaker = CircuitBreaker()
-        self.workers = WorkerPool()
+        self.fleet = Fleet(self.estimates, settings.worker_hang_s, settings.batches_in_flight_per_worker)
+        self.workers = self.fleet.pool
+        """The workers' slots (owned by the fleet; the same object, for reading)."""
         self.admission = AdmissionController(admission, tenants, now)
-        self.queues = Queues(queue_bounds(admission), admission.aging_s, self.drain_seconds)
-        self.in_flight: dict[int, Dispatch] = {}
+        self.queues = Queues(queue_bounds(admission), admission.aging_s)
+        self.ledger = InFlight()
+        self.endings = Endings(self.admission, self.queues, self.workers, self.estimates)
+        self.dispatcher = Dispatcher(
+            self.planner, self.fleet, self.ledger, self.endings,
+            estimates=self.estimates, queues=self.queues, limiter=self.admission.limiter,
+        )  # fmt: skip
         self.max_batch_bytes = max_batch_bytes
-        self._item_batch: dict[int, int] = {}
-        self._overdue: list[tuple[float, int]] = []
-        """(earliest deadline not yet passed, batch id) of batches in flight."""
-        self._stalls: list[tuple[float, str, int]] = []
-        """(when a worker holding work counts as hung, worker, stamp) — a newer stamp supersedes."""
-        self._stall_stamp: dict[str, int] = {}
-        self._reopens: list[tuple[float, str]] = []
-        """(when a worker's open breaker lets a probe through, worker)."""
-        self._waiting: dict[LaneKey, _Waiting] = {}
-        """Each lane's last batching decision that was to wait (see `_still_waiting`)."""
-        self._lane_limits: dict[LaneKey, LaneLimits] = {}
-        """Each lane's limits, kept for requests that are queued again after their lane emptied."""
         self.shapes = ShapeTable() if shapes is None else shapes
-        """The lane shapes that hold state (the keys of `_lane_limits`, `_waiting`, the queues' statistics
-        and the shape fits are among them)."""
-        self._lane_batches: dict[LaneKey, int] = {}
-        """Batches in flight per lane (a shape with any is busy: never forgotten)."""
-        self._batch_ids = itertools.count(1)
+        """The lane shapes that hold state (the queues' lanes, limits and statistics, the planner's waits
+        and the shape fits are kept only for shapes here)."""
         self._request_ids = itertools.count(1)
-        self._host = NO_HOST_COST
-        """The router's own CPU per batch and per row, and whether it is the constraint (`host_load`)."""
+        self.view = CoreView(self)
+        """What the shell reads of the core (read-only snapshots)."""
+
+    @property
+    def in_flight(self) -> Mapping[int, Dispatch]:
+        """The batches in flight by id (read-only; the ledger owns them)."""
+        return self.ledger.batches
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker (owned by `health`)."""
+        return self.fleet.health.breaker
 
     # -- requests ---------------------------------------------------------------------------------------
     def new_request(
@@ -199,25 +170,39 @@ class RouterCore:
         key = request.lane
         if request.deadline <= now:
             expired = DeadlineExceeded("deadline already passed on arrival", reason="expired_on_arrival")
-            self._end(decision, request, expired)
+            self.endings.end(decision, request, expired)
         elif not self.serves(key.model, key.version):
-            self._end(decision, request, _no_worker(key))
+            self.endings.end(decision, request, no_worker(key))
         else:
             try:
-                self.admission.admit(request, limits, now, self)
+                self.admission.admit(request, limits, now, self._backlog(key, request.priority))
                 self._make_room(key)
-                self._lane_limits[key] = limits
-                self._queue(decision, request)
+                self.queues.set_limits(key, limits)
+                self.endings.queue(decision, request)
             except SluiceError as refused:
-                self._end(decision, request, refused)
+                self.endings.end(decision, request, refused)
             else:  # only its own lane can have changed: no need for a whole tick
                 lane = self.queues.lanes[key]
-                if self._still_waiting(lane, request, now):
-                    decision.wake(self._waiting[key].when)
+                waits_until = self.planner.still_waiting(lane, request, now, self.workers.epoch)
+                if waits_until is not None:
+                    decision.wake(waits_until)
                 else:
-                    self._drain(decision, lane, now)
+                    self.dispatcher.drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
         return decision
+
+    def _backlog(self, key: LaneKey, priority: int) -> Backlog:
+        """What the lane holds ahead of a newcomer of `priority`, for admission."""
+        lane = self.queues.lanes.get(key)
+        version = (key.model, key.version)
+        serving = self.workers.serving_count(version)
+        return Backlog(
+            self.estimates,
+            0 if lane is None else lane.rows_ahead_of(priority),
+            serving > 0 and not self.workers.free_count(version),
+            1 if lane is None else lane.limits.max_batch_size,
+            serving or 1,
+        )
 
     def _make_room(self, key: LaneKey) -> None:
         """Keep state for the lane's shape: it takes the place of its model's least recently used idle
@@ -232,22 +217,11 @@ class RouterCore:
             )
         for idle in forgotten:
             self.queues.forget(idle)
-            self._lane_limits.pop(idle, None)
-            self._waiting.pop(idle, None)
+            self.planner.forget(idle)
             self.estimates.forget_shape(idle.model, idle.version, idle.shape)
 
     def _busy(self, key: LaneKey) -> bool:
-        return self.queues.busy(key) or key in self._lane_batches
-
-    def _queue(self, decision: Decision, request: QueuedRequest) -> None:
-        """Queue a request; requests it evicts end UNAVAILABLE `shed` (raises if it does not fit)."""
-        for victim in self.queues.push(request, self._lane_limits[request.lane]):
-            shed = Unavailable(
-                "shed to make room for higher-priority work",
-                reason="shed",
-                retry_after_s=self.drain_seconds(victim.lane),
-            )
-            self._end(decision, victim, shed)
+        return self.queues.busy(key) or self.ledger.lane_busy(key)
 
     def charge(self, now: float, tenant: str) -> None:
         """A request of `tenant` answered without the queue (a cache hit) pays the tenant's rate
@@ -259,13 +233,13 @@ class RouterCore:
         decision = Decision()
         request = self.queues.remove(request_id)
         if request is None:
-            dispatch = self.in_flight.get(self._item_batch.get(request_id, -1))
+            dispatch = self.ledger.holding(request_id)
             if dispatch is not None:
                 request = next(r for r in dispatch.requests if r.request_id == request_id)
                 if not request.ended:
                     decision.drop(dispatch.worker_id, request_id)
         if request is not None and not request.ended:
-            self._end(decision, request, Cancelled("the client went away", reason="cancelled"))
+            self.endings.end(decision, request, Cancelled("the client went away", reason="cancelled"))
         return self._then_tick(decision, now)
 
     # -- workers ----------------------------------------------------------------------------------------
@@ -280,30 +254,17 @@ class RouterCore:
         """A worker's registration appeared or changed: its model versions (each with the forward time by
         batch size it measured at warm-up, which seeds estimates nobody has measured yet), its capacity
         (batches it holds at once, all routers together), ready or draining."""
-        for (model, version), warmup in models.items():
-            if warmup:
-                self.estimates.seed(model, version, warmup)
-        slot = self.workers.add(worker_id, models, capacity, self.settings.batches_in_flight_per_worker)
-        if not slot.batch_s:
-            slot.batch_s = max(self.estimates.batch_seconds(m, v, 1) for m, v in models) if models else 0.0
-        slot.registered_ready = ready
-        self.workers.refresh(slot)
+        self.fleet.registered(worker_id, models, capacity, ready)
         return self.tick(now)
 
     def worker_connected(self, now: float, worker_id: str, connected: bool) -> Decision:
         """The stream to a worker came up (it takes batches once it also reports READY) or went down."""
-        slot = self.workers.get(worker_id)
-        if slot is not None:
-            slot.connected = connected
-            self.workers.refresh(slot)
+        self.fleet.connected(worker_id, connected)
         return self.tick(now)
 
     def worker_reported(self, now: float, worker_id: str, ready: bool, queued_batches: int) -> Decision:
         """A load report: whether the worker takes batches, and how many it holds from all routers."""
-        slot = self.workers.get(worker_id)
-        if slot is not None:
-            slot.reported_ready = ready
-            self._others(slot, queued_batches, now)
+        self.fleet.reported(worker_id, ready, queued_batches, now)
         return self.tick(now)
 
     def worker_left(self, now: float, worker_id: str, why: str) -> Decision:
@@ -315,55 +276,47 @@ class RouterCore:
 
     def _gone(self, decision: Decision, worker_id: str, why: str, now: float) -> None:
         slot = self.workers.get(worker_id)
-        lost = [self.in_flight[b] for b in (slot.batches if slot else ()) if b in self.in_flight]
-        if lost:
-            self.breaker.failure(worker_id, now)
+        lost = [d for d in map(self.ledger.get, slot.batches if slot else ()) if d is not None]
         for dispatch in lost:
-            self._forget_batch(dispatch)
-            self._lost(decision, dispatch, why, now)
-        if self.workers.remove(worker_id) is not None:
-            self.estimates.forget_worker(worker_id)
-        self._stall_stamp.pop(worker_id, None)
+            self.ledger.forget(dispatch)
+            self.endings.lost(decision, dispatch, why, now)
+        self.fleet.remove(worker_id, failed=bool(lost), now=now)
 
     def send_failed(self, now: float, batch_id: int, why: str) -> Decision:
         """A batch could not be sent: its requests go elsewhere if they can, like a lost worker's."""
         decision = Decision()
-        dispatch = self.in_flight.get(batch_id)
+        dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
-            self._settle_batch(dispatch, now)
-            self._lost(decision, dispatch, why, now)
+            self.dispatcher.settle(dispatch, now)
+            self.endings.lost(decision, dispatch, why, now)
         return self._then_tick(decision, now)
 
     def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
         """A worker answered a batch: learn from its timing, judge the worker, end each request."""
         decision = Decision()
-        dispatch = self.in_flight.get(answer.batch_id)
+        dispatch = self.ledger.get(answer.batch_id)
         if dispatch is None:
             return self._then_tick(decision, now)  # answered after it was lost or failed: nothing is owed
-        slot = self._settle_batch(dispatch, now)
-        if slot is not None:
-            self._learn(decision, slot, dispatch, answer, now)
-            if answer.queued_batches is not None:
-                self._others(slot, answer.queued_batches, now)
-        if any(item.code and item.worker_fault for item in answer.items.values()):
-            self._breaker_failure(worker_id, now)
-        else:
-            self.breaker.success(worker_id)
-            self._allow(worker_id, now)
+        slot = self.dispatcher.settle(dispatch, now)
+        learned = self.fleet.answered(worker_id, slot, dispatch, answer, now)
+        if learned is not None:
+            decision.learned.append(learned)
         stats, items = self.queues.stats_of(dispatch.lane), answer.items
         for request in dispatch.requests:
             if not request.ended:
-                self._outcome(decision, dispatch, request, items.get(request.request_id), now, stats=stats)
+                self.endings.answered(
+                    decision, dispatch, request, items.get(request.request_id), now, stats=stats
+                )
         return self._then_tick(decision, now)
 
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
         """End a batch's requests with `error` (the shell could not handle its answer): nothing else."""
         decision = Decision()
-        dispatch = self.in_flight.get(batch_id)
+        dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
-            self._settle_batch(dispatch, now)
+            self.dispatcher.settle(dispatch, now)
             for request in dispatch.requests:
-                self._end(decision, request, error)
+                self.endings.end(decision, request, error)
         return decision
 
     def abandon(self, now: float, error: SluiceError) -> Decision:
@@ -373,11 +326,12 @@ class RouterCore:
         for lane in list(self.queues.lanes.values()):
             for request in list(lane):
                 lane.remove(request.request_id)
-                self._end(decision, request, error)
-        for batch_id in list(self.in_flight):
+                self.endings.end(decision, request, error)
+        for batch_id in self.ledger:
             decision.settled.extend(self.fail_batch(now, batch_id, error).settled)
         return decision
 
+    # -- tenants, peers and the host --------------------------------------------------------------------
     def set_tenants(self, now: float, tenants: dict[str, TenantSettings]) -> None:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
         self.admission.set_tenants(tenants, now)
@@ -404,12 +358,8 @@ class RouterCore:
         the constraint now (calls wait to reach the router's code: the door's delay is above its bound).
         While it is, the adaptive batcher's target is at least the batch the router keeps up with
         (batcher.py), so batches fill because the router's CPU is short, never at low load. Raises
-        ValueError for a cost outside 0..`MAX_HOST_S`."""
-        for name, value in (("batch_s", batch_s), ("row_s", row_s)):
-            if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
-                raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
-        self._host = HostCost(batch_s, row_s, constrained)
-        self._waiting.clear()  # a lane's last decision to wait was taken at the old cost
+        ValueError for a cost outside 0..`MAX_HOST_S` (planner.py)."""
+        self.planner.set_host(HostCost(batch_s, row_s, constrained))
         return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------
@@ -418,12 +368,25 @@ class RouterCore:
         every batch that should leave now; say when to tick again."""
         decision = Decision()
         for request in self.queues.pop_late(now):
-            self._end(decision, request, self._late(request, now))
-        self._overdue_in_flight(decision, now)
-        self._hung_workers(decision, now)
-        self._reopen_breakers(decision, now)
+            self.endings.end(decision, request, self.endings.late(request, now))
+        for dispatch, overdue in self.ledger.overdue(now):
+            for request in overdue:
+                late = DeadlineExceeded(
+                    "deadline passed before the worker answered", reason="expired_on_worker"
+                )
+                self.endings.end(decision, request, late)
+                decision.drop(dispatch.worker_id, request.request_id)
+        decision.wake(self.ledger.next_overdue())
+        health = self.fleet.health
+        for worker_id in health.hung(now):
+            decision.lost.append(worker_id)
+            self._gone(decision, worker_id, "hung: no progress while holding batches", now)
+        decision.wake(health.next_hang())
+        for worker_id in health.reopened(now):
+            self.fleet.allow(worker_id, now)
+        decision.wake(health.next_reopen())
         for lane in self.queues.by_urgency(now):
-            self._drain(decision, lane, now)
+            self.dispatcher.drain(decision, lane, now)
         self.queues.prune()
         decision.wake(self.queues.next_late())
         return decision
@@ -439,317 +402,10 @@ class RouterCore:
         decision.wake(ticked.wake_at)
         return decision
 
-    def _late(self, request: QueuedRequest, now: float) -> SluiceError:
-        if now >= request.deadline:
-            return DeadlineExceeded("deadline passed while queued", reason="expired_in_queue")
-        return Unavailable(
-            f"shed before its deadline: {(request.deadline - now) * 1000:.1f} ms left is less than the "
-            "estimated time to run it",
-            reason="deadline_unmeetable",
-            retry_after_s=self.drain_seconds(request.lane),
-        )
-
-    def _overdue_in_flight(self, decision: Decision, now: float) -> None:
-        while self._overdue and (self._overdue[0][0] <= now or self._overdue[0][1] not in self.in_flight):
-            _, batch_id = heapq.heappop(self._overdue)
-            dispatch = self.in_flight.get(batch_id)
-            if dispatch is None:
-                continue
-            for request in dispatch.requests:
-                if not request.ended and request.deadline <= now:
-                    overdue = DeadlineExceeded(
-                        "deadline passed before the worker answered", reason="expired_on_worker"
-                    )
-                    self._end(decision, request, overdue)
-                    decision.drop(dispatch.worker_id, request.request_id)
-            later = [r.deadline for r in dispatch.requests if not r.ended]
-            if later:
-                heapq.heappush(self._overdue, (min(later), batch_id))
-        if self._overdue:
-            decision.wake(self._overdue[0][0])
-
-    def _hung_workers(self, decision: Decision, now: float) -> None:
-        while self._stalls and self._stalls[0][0] <= now:
-            _, worker_id, stamp = heapq.heappop(self._stalls)
-            if self._stall_stamp.get(worker_id) == stamp:
-                decision.lost.append(worker_id)
-                self._gone(decision, worker_id, "hung: no progress while holding batches", now)
-        while self._stalls and self._stall_stamp.get(self._stalls[0][1]) != self._stalls[0][2]:
-            heapq.heappop(self._stalls)
-        if self._stalls:
-            decision.wake(self._stalls[0][0])
-
-    def _watch_progress(self, slot: WorkerSlot, now: float) -> None:
-        """(Re)arm the hang timer of a worker after it took or answered work."""
-        stamp = self._stall_stamp.get(slot.worker_id, 0) + 1
-        self._stall_stamp[slot.worker_id] = stamp
-        if slot.in_flight_batches:
-            at = slot.last_progress + max(self.settings.worker_hang_s, HANG_FACTOR * slot.held_s)
-            heapq.heappush(self._stalls, (at, slot.worker_id, stamp))
-
-    def _reopen_breakers(self, decision: Decision, now: float) -> None:
-        while self._reopens and self._reopens[0][0] <= now:
-            _, worker_id = heapq.heappop(self._reopens)
-            self._allow(worker_id, now)
-        if self._reopens:
-            decision.wake(self._reopens[0][0])
-
-    # -- batches ----------------------------------------------------------------------------------------
-    def _still_waiting(self, lane: Lane, newcomer: QueuedRequest, now: float) -> bool:
-        """Whether the lane's last batching decision still stands after `newcomer` joined it: nothing about
-        the workers changed since, the lane is still short of the rows that decision waited for, its time
-        has not come, and the newcomer's budget is no tighter (then asking again would say the same; on
-        a busy lane this spares a decision per arrival)."""
-        waiting = self._waiting.get(lane.key)
-        return (
-            waiting is not None
-            and waiting.epoch == self.workers.epoch
-            and now < waiting.when
-            and lane.rows < waiting.rows
-            and newcomer.latest_start >= waiting.latest_start
-        )
-
-    def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
-        try:
-            self._drain_lane(decision, lane, now)
-        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
-            self._fail_lane(decision, lane, exc)
-
-    def _drain_lane(self, decision: Decision, lane: Lane, now: float) -> None:
-        key = lane.key
-        version = (key.model, key.version)
-        if self.workers.serving_count(version) and not self.workers.free_count(version):
-            return  # every worker is full or breaker-blocked (what the chooser would find below, at once)
-        stats = self.queues.stats_of(key)
-
-        known: dict[int, float] = {}
-
-        def batch_seconds(rows: int) -> float:  # asked several times per decision: once per size
-            seconds = known.get(rows)
-            if seconds is None:
-                seconds = known[rows] = self.estimates.batch_seconds(
-                    key.model, key.version, rows, shape=key.shape
-                )
-            return seconds
-
-        def seconds_on(worker_id: str) -> float:
-            rows = min(lane.rows, lane.limits.max_batch_size)
-            return self.estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
-
-        while len(lane):
-            serving = self.workers.serving_count(version)
-            if not serving:
-                for request in list(lane):
-                    lane.remove(request.request_id)
-                    self._end(decision, request, _no_worker(key))
-                return
-            free = self.workers.free(version)
-            job = Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on)
-            worker = self.chooser.choose(free, job)
-            if worker is None:
-                return  # every worker is full or breaker-blocked: an answer or a reopen will tick us
-            idle = worker.in_flight_batches == 0 and worker.others == 0
-            free_at = max(worker.busy_until, worker.others_free_at)
-            share = serving / self.admission.limiter.routers
-            ctx = BatchContext(now, idle, batch_seconds, share, stats, free_at, self._host_now(now))
-            verdict = self.batcher.decide(lane, ctx)
-            if not isinstance(verdict, Cut):
-                latest = lane.earliest_latest_start()
-                self._waiting[key] = _Waiting(
-                    verdict.when, verdict.rows, self.workers.epoch, math.inf if latest is None else latest
-                )
-                decision.wake(verdict.when)
-                return
-            self._send(decision, worker, lane, verdict.reason, now)
-
-    def _host_now(self, now: float) -> HostCost:
-        """The host's cost with the router's current arrival rate, which only a constrained host needs."""
-        if not self._host.constrained:
-            return self._host
-        host = self._host
-        return HostCost(host.batch_s, host.row_s, True, self.queues.total_arrival_rate(now))
-
-    def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
-        key = lane.key
-        requests = tuple(lane.pop_batch(now))
-        rows = sum(r.rows for r in requests)
-        expected = self.estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
-        dispatch = Dispatch(
-            next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
-        )
-        self.in_flight[dispatch.batch_id] = dispatch
-        self._lane_batches[key] = self._lane_batches.get(key, 0) + 1
-        for request in requests:
-            self._item_batch[request.request_id] = dispatch.batch_id
-        heapq.heappush(self._overdue, (min(r.deadline for r in requests), dispatch.batch_id))
-        self.workers.reserve(worker, dispatch.batch_id, rows, now, expected)
-        self.breaker.dispatched(worker.worker_id, now)
-        self._allow(worker.worker_id, now)
-        self._watch_progress(worker, now)
-        decision.dispatches.append(dispatch)
-
-    def _fail_lane(self, decision: Decision, lane: Lane, exc: Exception) -> None:
-        error = Internal(
-            f"the router failed to schedule this request ({type(exc).__name__})", reason="internal"
-        )
-        error.__cause__ = exc
-        for request in list(lane):
-            lane.remove(request.request_id)
-            self._end(decision, request, error)
-
-    def _settle_batch(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
-        """A batch is no longer in flight (answered, lost or unsent): free its worker's place."""
-        self._forget_batch(dispatch)
-        slot = self.workers.get(dispatch.worker_id)
-        if slot is not None and dispatch.batch_id in slot.batches:
-            self.workers.release(slot, dispatch.batch_id, dispatch.rows, now)
-            self._watch_progress(slot, now)
-        return slot
-
-    def _forget_batch(self, dispatch: Dispatch) -> None:
-        if self.in_flight.pop(dispatch.batch_id, None) is not None:
-            left = self._lane_batches.pop(dispatch.lane) - 1
-            if left:
-                self._lane_batches[dispatch.lane] = left
-        for request in dispatch.requests:
-            self._item_batch.pop(request.request_id, None)
-
-    def _learn(
-        self, decision: Decision, slot: WorkerSlot, dispatch: Dispatch, answer: BatchAnswer, now: float
-    ) -> None:
-        """What the batch cost as the router sees the worker: from when the worker could start it (sent to
-        an idle worker, or its previous answer) to this answer. Besides the forward pass this includes the
-        worker's host work and both hops, which decide how soon it can take the next batch (the forward
-        alone made a fast model look free, so batches stayed tiny)."""
-        previous, slot.last_answer = slot.last_answer, now
-        if not answer.executed_rows:
-            return
-        seconds = max(answer.execute_s, now - max(dispatch.sent_at, previous))
-        slot.batch_s += BATCH_S_WEIGHT * (seconds - slot.batch_s)
-        key = dispatch.lane
-        observed = answer.executed_rows
-        self.estimates.observe(key.model, key.version, observed, seconds, slot.worker_id, shape=key.shape)
-        decision.learned.append(Learned(dispatch, seconds, answer.execute_s))
-
-    def _outcome(
-        self,
-        decision: Decision,
-        dispatch: Dispatch,
-        request: QueuedRequest,
-        item: ItemAnswer | None,
-        now: float,
-        *,
-        stats: LaneStats,
-    ) -> None:
-        """End one request of an answered batch (`stats`: its lane's, which learn how much of its budget it
-        used)."""
-        if item is None:
-            missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
-            self._end(decision, request, missing)
-        elif item.code and item.reason == BUSY:
-            busy = Unavailable(item.message, reason=BUSY, retry_after_s=MIN_RETRY_S)
-            self._again_or_end(decision, request, busy, now, charge=False)
-        elif item.code:
-            self._end(decision, request, error_for_code(item.code, item.message, reason="worker_error"))
-        elif now > request.deadline:
-            late = DeadlineExceeded("finished after its deadline", reason="finished_late")
-            self._end(decision, request, late)
-        else:
-            budget = request.deadline - request.arrival
-            if budget > 0:
-                stats.finished((now - request.arrival) / budget)
-            queue_s = dispatch.sent_at - request.arrival
-            self._end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
-
-    def _lost(self, decision: Decision, dispatch: Dispatch, why: str, now: float) -> None:
-        error = Unavailable(
-            f"worker {dispatch.worker_id} was lost before answering ({why})",
-            reason="worker_lost",
-            retry_after_s=WORKER_LOST_RETRY_S,
-        )
-        for request in dispatch.requests:
-            if not request.ended:
-                self._again_or_end(decision, request, error, now, charge=True)
-
-    def _again_or_end(
-        self, decision: Decision, request: QueuedRequest, error: SluiceError, now: float, *, charge: bool
-    ) -> None:
-        """Queue a request again — at most once for `charge`d causes (a lost worker), and only while its
-        latest start has not come — else end it with `error`."""
-        if (charge and request.attempts > 1) or now >= request.latest_start:
-            self._end(decision, request, error)
-            return
-        if charge:
-            request.attempts += 1
-        try:
-            self._queue(decision, request)
-        except SluiceError as refused:
-            self._end(decision, request, refused)
-
-    def _end(self, decision: Decision, request: QueuedRequest, outcome: Served | SluiceError) -> None:
-        """End a request exactly once; its admission slot is released."""
-        if request.ended:
-            return
-        request.ended = True
-        self.admission.release(request)
-        decision.settle(request, outcome)
-
-    # -- workers' load and health ----------------------------------------------------------------------
-    def _others(self, slot: WorkerSlot, queued_batches: int, now: float) -> None:
-        """Batches other routers hold on the worker: what it reports minus ours, and when they should be
-        done (at its typical batch time each)."""
-        slot.others = max(0, queued_batches - slot.in_flight_batches)
-        slot.others_free_at = now + slot.others * slot.batch_s
-        self.workers.refresh(slot)
-
-    def _breaker_failure(self, worker_id: str, now: float) -> None:
-        self.breaker.failure(worker_id, now)
-        self._allow(worker_id, now)
-        reopen = self.breaker.reopens_at(worker_id)
-        if reopen is not None and reopen > now:
-            heapq.heappush(self._reopens, (reopen, worker_id))
-
-    def _allow(self, worker_id: str, now: float) -> None:
-        slot = self.workers.get(worker_id)
-        if slot is not None:
-            slot.allowed = self.breaker.allows(worker_id, now)
-            self.workers.refresh(slot)
-
-    # -- views ------------------------------------------------------------------------------------------
+    # -- questions (the shell reads them through `view`) -------------------------------------------------
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
         return self.workers.serving_count((model, version)) > 0
-
-    def rows_ahead(self, key: LaneKey, priority: int) -> int:
-        """Rows queued in the lane at this priority or better (admission's view)."""
-        return self.queues.rows_ahead(key, priority)
-
-    def workers_full(self, key: LaneKey) -> bool:
-        """Whether every worker serving the lane's version is full (admission's view)."""
-        version = (key.model, key.version)
-        return self.workers.serving_count(version) > 0 and not self.workers.free_count(version)
-
-    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
-        """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""
-        lane = self.queues.lanes.get(key)
-        if rows is None:
-            rows = lane.rows if lane is not None else 0
-        batch = lane.limits.max_batch_size if lane is not None else 1
-        workers = max(1, self.workers.serving_count((key.model, key.version)))
-        per_batch = self.estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
-        return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
-
-    def shape_state(self) -> dict[str, int]:
-        """Entries of each table kept per lane shape (each bounded by the `ShapeTable`'s limit per model)."""
-        return {
-            "shapes": len(self.shapes),
-            "lanes": len(self.queues.lanes),
-            "lane_stats": len(self.queues.stats),
-            "lane_limits": len(self._lane_limits),
-            "waiting": len(self._waiting),
-            "lanes_in_flight": len(self._lane_batches),
-            "fits": self.estimates.fits(),
-        }
 
     def accepting(self, worker_id: str) -> bool:
         """Whether the worker takes batches from this router now."""
@@ -760,30 +416,3 @@ class RouterCore:
         """Batches this router has in flight on a worker."""
         slot = self.workers.get(worker_id)
         return 0 if slot is None else slot.in_flight_batches
-
-
-def deadline_for(
-    settings: RouterSettings, now: float, time_remaining: float | None, timeout_s: float | None
-) -> float:
-    """A request's deadline: the earlier of its transport deadline and `parameters["timeout"]`, else the
-    default; never further than `max_timeout_s` (a request may only shorten the server's limit)."""
-    budgets = [t for t in (time_remaining, timeout_s) if t is not None]
-    return now + min(*(budgets or [settings.default_timeout_s]), settings.max_timeout_s)
-
-
-def version_to_serve(catalog: ModelCatalog, name: str, version: str, serves: Serves) -> ModelRecord:
-    """The version to serve: the one asked for, or the highest a worker accepts batches for right now (a
-    version registered but not yet connected would only answer UNAVAILABLE), else the highest registered."""
-    if not version:
-        serving = [v for v in catalog.versions(name) if serves(name, v)]
-        if serving:
-            return catalog.resolve(name, serving[-1])
-    return catalog.resolve(name, version)
-
-
-def _no_worker(key: LaneKey) -> Unavailable:
-    return Unavailable(
-        f"no ready worker serves {key.model} version {key.version}",
-        reason="no_worker",
-        retry_after_s=NO_WORKER_RETRY_S,
-    )

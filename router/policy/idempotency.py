@@ -55,7 +55,7 @@ RELEASE_CODES: frozenset[Code] = frozenset(
     {
         Code.CANCELLED,  # the caller gave up: from its view the call never completed
         Code.DEADLINE_EXCEEDED,  # likewise; a retry with more time should run, not replay the timeout
-        Code.UNAVAILABLE,  # shed, no worker, worker lost: retryable by definition (DESIGN.md §5)
+        Code.UNAVAILABLE,  # shed, no worker, worker lost: retryable by definition (docs/design.md §5)
         Code.RESOURCE_EXHAUSTED,  # rate limit or quota: retryable after the hint
         Code.ABORTED,  # concurrency conflict: retryable
         Code.UNKNOWN,  # we cannot tell it is terminal, so we must not pin it for a day
@@ -251,7 +251,7 @@ def completed(ticket: Ticket, outcome: StoredOutcome, now: float, ttl_s: float) 
 
 
 def conflict_error() -> FailedPrecondition:
-    """FAILED_PRECONDITION for a key reused with a different request (DESIGN.md §5)."""
+    """FAILED_PRECONDITION for a key reused with a different request (docs/design.md §5)."""
     return FailedPrecondition(
         "idempotency-key was already used with a different request (model, version, inputs, outputs or "
         "parameters differ); use a new key",

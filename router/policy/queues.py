@@ -6,8 +6,12 @@ Invariants:
 - with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
   `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request (worst
   priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused;
-- a lane exists only while it holds requests (`prune`); its statistics outlive it until the core forgets
-  its shape (router/policy/shapes.py bounds how many shapes a model keeps);
+- a lane exists only while it holds requests (`prune`); its statistics and its limits (set once per
+  arrival by `set_limits`, the one record of them: a request queued again after its lane emptied finds
+  them here) outlive it until the core forgets its shape (router/policy/shapes.py bounds how many shapes a
+  model keeps);
+- a refusal is a `QueueFull` (no retry hint: the queues do not estimate drain times; the core turns it
+  into UNAVAILABLE `queue_full`), so the queues never call back into the core;
 - what the status pass reads (`by_version`, `arrival_rate`) costs one step per non-empty lane and per
   model, however many shapes were ever seen.
 """
@@ -15,14 +19,14 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice_inference.common.errors import Unavailable
 from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 
-DrainSeconds = Callable[[LaneKey], float]
+
+class QueueFull(Exception):
+    """A request does not fit the queue bounds and outranks nothing queued."""
 
 
 @dataclass(frozen=True)
@@ -46,19 +50,25 @@ class QueueBounds:
 class Queues:
     """Every lane of one router, with the bounds and the per-lane arrival statistics."""
 
-    def __init__(self, bounds: QueueBounds | None, aging_s: float, drain_seconds: DrainSeconds) -> None:
+    def __init__(self, bounds: QueueBounds | None, aging_s: float) -> None:
         self.bounds = bounds
         self.aging_s = aging_s
         self.lanes: dict[LaneKey, Lane] = {}
         self.stats: dict[LaneKey, LaneStats] = {}
         self._arrivals: dict[str, LaneStats] = {}
         """Rows arriving per model, over all its lanes (what the autoscaling signal reads)."""
-        self._drain_seconds = drain_seconds
+        self.limits: dict[LaneKey, LaneLimits] = {}
+        """Each lane's batching limits, from its model version's registration (the only copy)."""
 
-    def push(self, request: QueuedRequest, limits: LaneLimits) -> list[QueuedRequest]:
-        """Queue a request, evicting less important work if a bound requires it; returns the evicted
-        requests. Raises UNAVAILABLE `queue_full` (with the lane's drain time as hint) when it does not
-        fit and outranks nothing."""
+    def set_limits(self, key: LaneKey, limits: LaneLimits) -> None:
+        """The lane's limits as its model version is registered now (applied to the lane at its next push)."""
+        self.limits[key] = limits
+
+    def push(self, request: QueuedRequest) -> list[QueuedRequest]:
+        """Queue a request under its lane's limits (`set_limits` first), evicting less important work if a
+        bound requires it; returns the evicted requests. Raises `QueueFull` when it does not fit and
+        outranks nothing."""
+        limits = self.limits[request.lane]
         lane = self.lanes.get(request.lane)
         if lane is None:
             lane = self.lanes[request.lane] = Lane(request.lane, limits, self.aging_s)
@@ -87,7 +97,7 @@ class Queues:
         if len(lane) >= self.bounds.lane_max_queued:
             victim = lane.victim(request.priority)
             if victim is None:
-                raise self._full(request, f"lane {lane.key} holds {len(lane)} requests (its limit)")
+                raise QueueFull(f"lane {lane.key} holds {len(lane)} requests (its limit)")
             victims.append(victim)
         excess = self.queued_bytes() + request.size_bytes - self.bounds.max_queued_bytes
         for victim in victims:
@@ -105,13 +115,8 @@ class Queues:
                     victims.append(candidate)
                     excess -= candidate.size_bytes
             if excess > 0:
-                raise self._full(request, f"queued inputs would exceed {self.bounds.max_queued_bytes} bytes")
+                raise QueueFull(f"queued inputs would exceed {self.bounds.max_queued_bytes} bytes")
         return victims
-
-    def _full(self, request: QueuedRequest, why: str) -> Unavailable:
-        return Unavailable(
-            f"queue full: {why}", reason="queue_full", retry_after_s=self._drain_seconds(request.lane)
-        )
 
     def remove(self, request_id: int) -> QueuedRequest | None:
         """Take a queued request out (cancelled, evicted); None if it is not queued."""
@@ -146,11 +151,12 @@ class Queues:
             del self.lanes[key]
 
     def forget(self, key: LaneKey) -> None:
-        """Drop an idle shape's statistics (and its lane, which must be empty)."""
+        """Drop an idle shape's statistics and limits (and its lane, which must be empty)."""
         lane = self.lanes.get(key)
         assert lane is None or not len(lane), "a lane holding requests is never forgotten"
         self.lanes.pop(key, None)
         self.stats.pop(key, None)
+        self.limits.pop(key, None)
 
     def busy(self, key: LaneKey) -> bool:
         """Whether the lane holds requests."""
@@ -178,11 +184,6 @@ class Queues:
     def total_arrival_rate(self, now: float) -> float:
         """Rows per second arriving recently at this router, all models together."""
         return sum(arrivals.rate(now) for arrivals in self._arrivals.values())
-
-    def rows_ahead(self, key: LaneKey, priority: int) -> int:
-        """Rows a new request of `priority` would wait behind in the lane."""
-        lane = self.lanes.get(key)
-        return 0 if lane is None else lane.rows_ahead_of(priority)
 
     def queued(self) -> int:
         """Requests waiting in lanes."""

@@ -1,7 +1,7 @@
 """Tenants: who is calling (API key → tenant), what they may call, and at which priority.
 
 Keys are never stored, only their SHA-256 (`sha256:<hex>`); lookups compare digests in constant time.
-Rules (DESIGN.md §4, §5):
+Rules (docs/design.md §4, §5):
 - a presented key that matches no tenant is UNAUTHENTICATED, always;
 - a request without a key is served as the `anonymous` tenant only if one is configured (local mode) and
   keys are not required; otherwise UNAUTHENTICATED;

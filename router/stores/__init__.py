@@ -1,4 +1,4 @@
-"""Stores that do the I/O behind the policy core's cache and idempotency semantics (DESIGN.md §2).
+"""Stores that do the I/O behind the policy core's cache and idempotency semantics (docs/design.md §2).
 
 `router/policy/cache_keys.py`, `result_cache.py` and `idempotency.py` decide what a key is, what a record
 means and which transition happens; the classes here read and write (process memory, Redis), wait, and feed

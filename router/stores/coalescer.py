@@ -5,7 +5,7 @@ Invariants:
   of starting another, and every caller gets the same result or the same exception.
 - The execution runs as its own task, so cancelling one caller never cancels it while another caller still
   waits. When the *last* caller leaves (all cancelled), the execution is cancelled too — no one wants the
-  result, and a cancelled request must not keep spending device time (DESIGN.md §5) — and the key is freed
+  result, and a cancelled request must not keep using device time (docs/design.md §5) — and the key is freed
   at once, so a later call starts afresh instead of inheriting the cancellation.
 - A finished execution is forgotten immediately: results are not cached here (that is the result cache's
   job, with its keys, TTLs and bounds).

@@ -1,4 +1,4 @@
-"""What etcd holds is a claim, not a credential (DESIGN.md §9, 2026-12-01; issue 18).
+"""What etcd holds is a claim, not a credential (docs/design.md §9, 2026-12-01; issue 18).
 
 Anyone who can write etcd can add a `workers/<id>` or `routers/<id>` record pointing at a listener of
 theirs. Here that listener records every call's method, metadata and request bytes, and answers identity

@@ -1,4 +1,4 @@
-"""etcd with TLS and authentication (DESIGN.md §9): a worker's registration and a router's watch work
+"""etcd with TLS and authentication (docs/design.md §9): a worker's registration and a router's watch work
 through both, wrong or missing credentials are refused, and an expired auth token is renewed.
 
 etcd here serves TLS with a `sluice certs dev` certificate and has `root` with a password (`etcdctl user

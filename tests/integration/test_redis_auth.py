@@ -1,4 +1,4 @@
-"""Redis with a password (DESIGN.md §9): two routers share idempotency records through a Valkey that
+"""Redis with a password (docs/design.md §9): two routers share idempotency records through a Valkey that
 requires AUTH (`requirepass`), given as `redis.password_file`; a client without the password is refused.
 The records they share are sealed with the HMAC key both read from `redis.hmac_key_file`.
 

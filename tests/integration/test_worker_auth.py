@@ -1,4 +1,4 @@
-"""The worker port (DESIGN.md §9): a worker runs only batches it can attribute to a router of its cluster.
+"""The worker port (docs/design.md §9): a worker runs only batches it can trace to a router of its cluster.
 
 Real `sluice worker` processes, dialled straight on their registered port as an attacker on the network
 would: without a proof of the cluster token (or a certificate from the cluster CA naming a router)

@@ -163,7 +163,7 @@ async def test_a_shape_flood_leaves_per_shape_state_and_the_status_pass_bounded(
     assert len(ended) == 5000 and set(ended.values()) == {"OK"}
 
     assert len(core.queues.stats) <= MAX_SHAPES_PER_MODEL
-    state = core.shape_state()
+    state = core.view.shape_state()
     assert state["shapes"] == MAX_SHAPES_PER_MODEL
     for table in ("lanes", "lane_stats", "lane_limits", "waiting", "lanes_in_flight"):
         assert state[table] <= MAX_SHAPES_PER_MODEL, (table, state)
@@ -204,7 +204,7 @@ def test_a_busy_shape_is_never_forgotten_and_a_new_shape_is_refused_while_every_
     assert isinstance(settled.outcome, SluiceError)
     assert (settled.outcome.reason, settled.outcome.retryable) == ("too_many_shapes", True)
     assert settled.outcome.retry_after_s is not None and settled.outcome.retry_after_s > 0
-    assert core.shape_state()["shapes"] == 2
+    assert core.view.shape_state()["shapes"] == 2
     assert core.admission.limiter.inflight[TENANT] == 2  # the refused one gave its slot back
 
     ended = answer_all(core, Decision(dispatches=running), 0.003)  # shape 1, then shape 2, run
@@ -235,7 +235,7 @@ def test_bucketed_variable_length_traffic_still_shares_lanes_and_batches() -> No
     for length in range(1, 129):
         decision = arrive(core, ENCODER, (1, length), 0.0001 * length)
         assert not decision.settled and not decision.dispatches
-    assert core.shape_state()["shapes"] == 4
+    assert core.view.shape_state()["shapes"] == 4
     assert sorted(len(lane) for lane in core.queues.lanes.values()) == [16, 16, 32, 64]
 
     sent: list[Dispatch] = []

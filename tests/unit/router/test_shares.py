@@ -12,6 +12,7 @@ import pytest
 from sluice_inference.common.config import AdmissionSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.admission import AdmissionController
+from sluice_inference.router.policy.backlog import Backlog
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
@@ -156,19 +157,8 @@ def test_under_max_routers_the_count_is_exact() -> None:
 # ------------------------------------------------------------------ clusters of admission controllers
 
 
-class _View:
-    """An empty queue and idle workers: only quotas decide."""
-
-    estimates = ServiceEstimates()
-
-    def rows_ahead(self, key: LaneKey, priority: int) -> int:
-        return 0
-
-    def workers_full(self, key: LaneKey) -> bool:
-        return False
-
-    def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
-        return 0.0
+EMPTY = Backlog(ServiceEstimates(), rows_ahead=0, workers_full=False, batch=1, workers=1)
+"""An empty queue and idle workers: only quotas decide."""
 
 
 LIMITS = LaneLimits(max_batch_size=8, max_wait_s=0.002)
@@ -199,7 +189,7 @@ class Cluster:
         self._publish_until(now)
         request = QueuedRequest(0, LaneKey("m", "1"), 1, now, now + 10.0, tenant=tenant, priority=1)
         try:
-            self.routers[router].admit(request, LIMITS, now, _View())
+            self.routers[router].admit(request, LIMITS, now, EMPTY)
         except SluiceError:
             return False
         self.routers[router].release(request)

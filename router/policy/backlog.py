@@ -1,0 +1,42 @@
+"""What a lane has ahead of a newcomer, as plain numbers: the one input admission takes from the queues and
+workers, so admission never calls back into the core that asked it.
+
+`drain_seconds` is the single rule for "how long until the workers serving a lane work through so many
+rows": the core's retry hints (queue full, shed, unmeetable) and admission's queue wait both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from sluice_inference.router.policy.estimators import ServiceEstimates
+from sluice_inference.router.policy.lanes import LaneKey
+
+MIN_RETRY_S = 0.01
+"""Shortest retry hint: below it a client would only spin."""
+
+
+class Backlog(NamedTuple):
+    """A lane as a newcomer of a given priority finds it (a tuple: one is built per arrival, in C)."""
+
+    estimates: ServiceEstimates
+    """The router's execution-time estimates (read, never changed, by admission)."""
+    rows_ahead: int
+    """Rows queued in the lane at the newcomer's priority or better."""
+    workers_full: bool
+    """Every worker serving the lane's version is full: none could take a batch now."""
+    batch: int
+    """The lane's largest batch (1 while the lane does not exist)."""
+    workers: int
+    """Accepting workers serving the lane's version (at least 1: the rule divides by it)."""
+
+    def drain_seconds(self, key: LaneKey, rows: int) -> float:
+        """`drain_seconds` for this lane."""
+        return drain_seconds(self.estimates, key, rows, self.batch, self.workers)
+
+
+def drain_seconds(estimates: ServiceEstimates, key: LaneKey, rows: int, batch: int, workers: int) -> float:
+    """Estimated time for `workers` serving `key` to work through `rows` in batches of `batch` rows."""
+    per_batch = estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
+    return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
