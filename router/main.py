@@ -165,6 +165,7 @@ class RouterServer:
             autoscale=config.autoscale,
             etcd_connected=self._etcd_connected,
             clock=self.clock,
+            door=self.door,
         )
         self.dataplane = DataPlane(
             backend,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from grpc_health.v1 import health_pb2
@@ -22,12 +23,14 @@ from sluice_inference.common.etcd_watch import WatchHealth
 from sluice_inference.common.pb.inference import grpc_service_pb2
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.driver import Driver
+from sluice_inference.router.host_cost import HostCostFit
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.peers import PeerView
 from sluice_inference.router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
 from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
+from sluice_inference.router.policy.door import Door
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,16 @@ class StatusLoop:
         autoscale: AutoscaleSettings,
         etcd_connected: Callable[[], bool],
         clock: Clock,
+        door: Door | None = None,
+        cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
         self._driver = driver
+        self._door = door
+        self._cpu_seconds = cpu_seconds
+        self._host_fit = HostCostFit()
+        self._host_seen = (cpu_seconds(), 0, 0)
+        """CPU seconds, batches and rows at the last export (the next interval's start)."""
+        self._host_reported: tuple[float, float, bool] | None = None
         self._catalog = catalog
         self._peers = peers
         self._watches = tuple(watches)
@@ -120,6 +131,24 @@ class StatusLoop:
         self._export_queues(now)
         self._export_cache()
         self._export_desired(now)
+        self._report_host_cost()
+
+    def _report_host_cost(self) -> None:
+        """Fit the router's CPU per batch and per row over the last intervals (router/host_cost.py) and
+        hand it to the core with the door's verdict on whether that CPU is the constraint; only changes
+        are reported, and nothing until a fit exists (the batcher then behaves as it always did)."""
+        cpu = self._cpu_seconds()
+        batches, rows = self._driver.core.view.sent()
+        last_cpu, last_batches, last_rows = self._host_seen
+        self._host_seen = (cpu, batches, rows)
+        estimate = self._host_fit.add(cpu - last_cpu, batches - last_batches, rows - last_rows)
+        if estimate is None:
+            return
+        report = (estimate.batch_s, estimate.row_s, self._door is not None and self._door.router_bound())
+        if report == self._host_reported:
+            return
+        self._host_reported = report
+        self._driver.host_load(batch_s=report[0], row_s=report[1], constrained=report[2])
 
     def _watch_core(self, now: float) -> None:
         """The watchdog: a decision loop that died or stopped ticking fails what it held, once, and the

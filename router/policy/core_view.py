@@ -90,6 +90,11 @@ class CoreView:
         """Batches this router has on a worker."""
         return self._core.in_flight_on(worker_id)
 
+    def sent(self) -> tuple[int, int]:
+        """Batches cut so far and the rows in them (both only grow)."""
+        dispatcher = self._core.dispatcher
+        return dispatcher.sent_batches, dispatcher.sent_rows
+
     def in_flight_batches(self) -> int:
         """Batches this router has on all workers."""
         return len(self._core.ledger)

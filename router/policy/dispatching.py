@@ -45,6 +45,10 @@ class Dispatcher:
         self._queues = queues
         self._limiter = limiter
         self._batch_ids = itertools.count(1)
+        self.sent_batches = 0
+        """Batches cut so far (the shell fits the router's CPU per batch and per row from these)."""
+        self.sent_rows = 0
+        """Rows in those batches."""
 
     def drain(self, decision: Decision, lane: Lane, now: float) -> None:
         """Send the lane's batches until the planner says wait, every worker is blocked, or it is empty."""
@@ -87,6 +91,8 @@ class Dispatcher:
         dispatch = Dispatch(
             next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows
         )
+        self.sent_batches += 1
+        self.sent_rows += rows
         self._ledger.add(dispatch)
         self._fleet.reserve(worker, dispatch, now)
         decision.dispatches.append(dispatch)

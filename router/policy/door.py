@@ -112,6 +112,12 @@ class Door:
     _hold_until: float = float("-inf")
     _levels: dict[int, _Level] = field(default_factory=dict)
 
+    def router_bound(self) -> bool:
+        """Whether calls wait for the router's own code long enough that its CPU is the constraint: the
+        latest delay at half the door's bound or more (the adaptive batcher then counts the router's CPU
+        per batch, docs/batching.md). Never with the door off: nothing measures the delay then."""
+        return self.max_delay_s > 0 and self.delay_s >= self.max_delay_s / 2
+
     def observe(self, delay_s: float, now: float) -> None:
         """One sample, taken at `now`, of how long a call waits before the router's code runs."""
         self.delay_s = delay_s
