@@ -18,7 +18,9 @@ runs both on its device thread); `run` is both in sequence and blocks for the wh
   input, which warm-up proved it runs) or the device faulted: then `worker_fault` is set;
 - after a fatal device error (worker/faults.py) `fault` is set for good and nothing touches the device
   again: every later item fails at once, blamed on the worker;
-- returned arrays are C-contiguous and own their memory (no views of batch buffers).
+- an item's outputs are row slices of its forward's host outputs, never copied per item (the runner packs
+  a batch's items into one buffer per output); inputs are never written to (they may be read-only views
+  of the wire buffer).
 No clock is read here: the shell measures queue and execute time around `execute`.
 """
 
@@ -315,7 +317,7 @@ class Executor:
         start = 0
         for planned in group:
             stop = start + planned.rows
-            outputs = {name: np.ascontiguousarray(array[start:stop]).copy() for name, array in arrays.items()}
+            outputs = {name: array[start:stop] for name, array in arrays.items()}
             outcomes.append(ItemOutcome(planned.item.item_id, outputs, None))
             start = stop
         return outcomes
