@@ -61,11 +61,6 @@ def pack_arrays(name: str, arrays: Sequence[Array]) -> worker_pb2.BatchTensor:
     return worker_pb2.BatchTensor(name=name, datatype=datatype, row_shape=row_shape, ragged=ragged, data=data)
 
 
-def item_shapes(tensor: worker_pb2.BatchTensor, rows: Sequence[int]) -> list[Shape]:
-    """Each item's full shape (rows first), checked against the buffer's length."""
-    return [shape for shape, _ in _layout(tensor, rows, len(tensor.data))]
-
-
 def split_arrays(tensor: worker_pb2.BatchTensor, rows: Sequence[int]) -> list[Array]:
     """Each item's array: views of one `frombuffer` of the tensor's buffer (read-only)."""
     data = tensor.data  # read once: each read of a bytes field makes a new object

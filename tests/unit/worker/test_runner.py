@@ -400,3 +400,58 @@ async def test_cancels_are_kept_only_for_items_the_worker_holds_and_forgotten_on
     by_id = {item.item_id: item for item in items(result)}
     assert by_id[1].error.code == Code.CANCELLED and not by_id[2].failed
     assert stream.cancelled == set() and stream.held == set()
+
+
+async def test_a_malformed_batch_fails_every_item_invalid_and_never_runs() -> None:
+    backend = RecordingBackend()
+    runner, _ = make_runner({("toy", "1"): fake_model(synthetic_config(), backend)})
+    short = batch(1, [1, 2])
+    short.inputs[0].data = short.inputs[0].data[:-4]  # the buffer disagrees with the items' shapes
+    uneven = batch(2, [1, 2])
+    del uneven.budgets_us[1:]
+    answered = await run_batches(runner, short, uneven, stream=StreamState())
+    for result in answered:
+        errors = [(e.item_id, e.code, e.reason, e.worker_fault) for e in result.errors]
+        assert errors == [
+            (1, Code.INVALID_ARGUMENT, "bad_batch", False),
+            (2, Code.INVALID_ARGUMENT, "bad_batch", False),
+        ]
+        assert not result.item_ids and not result.outputs
+    assert backend.calls == []
+
+
+async def test_the_answers_of_one_forward_to_one_stream_travel_in_one_message() -> None:
+    models, gated = gated_models(toy=fake_model(synthetic_config(), RecordingBackend()))
+    runner, _ = make_runner(models, capacity=3)
+    stream = StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, stream)
+        runner.submit([batch(1, [1]), batch(2, [2, 3]), batch(3, [4])], stream)  # the third is one too many
+        [refused] = (await asyncio.wait_for(stream.outbox.get(), 5)).results  # type: ignore[union-attr]
+        gated.gate.set()
+        await results(stream, 1)  # the held batch
+        message = await asyncio.wait_for(stream.outbox.get(), 5)
+    finally:
+        await runner.stop()
+    assert refused.batch_id == 3 and refused.errors[0].reason == WORKER_BUSY
+    assert message is not None and [r.batch_id for r in message.results] == [1, 2]  # merged, one message
+    assert [first_values(r) for r in message.results] == [{1: 2.0}, {2: 3.0, 3: 4.0}]
+    assert [list(r.item_rows) for r in message.results] == [[1], [1, 1]]
+
+
+async def test_items_of_different_lengths_in_one_batch_come_back_ragged() -> None:
+    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
+    seq = synthetic_config("seq", inputs=variable, outputs=[{**variable[0], "name": "y"}])
+    seq.update(backend="torchscript", synthetic=None)  # a real backend may return variable dims
+    counting = CountingBackend(RecordingBackend())
+    runner, _ = make_runner({("seq", "1"): fake_model(seq, counting)})
+    lengths = {1: 3, 2: 5, 3: 3}
+    ragged = packed_batch(1, "seq", "1", [(i, {"x": np.full((1, n), i, "<f4")}) for i, n in lengths.items()])
+    assert ragged.inputs[0].ragged
+    [result] = await run_batches(runner, ragged, stream=StreamState())
+    assert sorted(counting.rows) == [1, 2]  # no buckets: one forward per length
+    assert result.outputs[0].ragged and result.executed_size == 3
+    got = {view.item_id: view.outputs[0] for view in items(result)}
+    for item_id, length in lengths.items():
+        np.testing.assert_array_equal(got[item_id], np.full((1, length), item_id + 1, "<f4"))
