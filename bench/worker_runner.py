@@ -134,7 +134,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.model, (profile[0], profile[1]), executor)
     metrics = WorkerMetrics()
     models = {(model.spec.name, model.spec.version): model}
-    runner = BatchRunner(executor, models, metrics, capacity=args.capacity)
+    runner = BatchRunner(
+        executor, models, metrics, capacity=args.capacity, forward_on_loop=args.forward_on_loop
+    )
     loop = asyncio.get_running_loop()
     assert isinstance(loop, CountingLoop)
     runner.start()
@@ -160,6 +162,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "in_flight": args.in_flight,
         "rows_per_batch": args.rows,
         "capacity": args.capacity,
+        "forward_on_loop": args.forward_on_loop,
         "batches_per_s": round(batches / wall, 1),
         "rows_per_s": round(rows / wall, 1),
         "refused_batches": sum(s["refused"] for s in per_stream),
@@ -196,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=8, help="one-row items per batch")
     parser.add_argument("--capacity", type=int, default=4, help="batches the worker holds at once")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds")
+    parser.add_argument(
+        "--forward-on-loop", action="store_true", help="run forwards on the event loop, no device thread"
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=CountingLoop) as runner:

@@ -91,7 +91,12 @@ class Forward:
 
 
 class DeviceThread:
-    """The one thread that touches the device: turns accepted batches into forwards and their answers."""
+    """The one thread that touches the device: turns accepted batches into forwards and their answers.
+
+    With `on_loop` there is no thread: the same steps run on the event loop, one forward per loop pass
+    (so stream reads and load reports interleave between forwards), and a forward costs no thread
+    hand-off in either direction. Only for forwards far shorter than the routers' heartbeat (0.8 s):
+    the loop does nothing else while one runs."""
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class DeviceThread:
         now: Callable[[], float],
         tracer: Tracer,
         deliver: Callable[[Forward], None],
+        on_loop: bool = False,
     ) -> None:
         self._executor = executor
         self._models = models
@@ -110,23 +116,50 @@ class DeviceThread:
         self._deliver = deliver
         self._inbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.on_loop = on_loop
+        self._waiting: list[Work] = []
+        """On the loop only: accepted batches not yet run (the thread keeps its own list)."""
+        self._step: asyncio.Handle | None = None
+        self._stopped = False
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the thread (nothing to start on the loop)."""
+        if self.on_loop:
+            return
         self._thread = threading.Thread(target=self._device_loop, name="device", daemon=True)
         self._thread.start()
 
     def put(self, work: Work) -> None:
-        """Hand an accepted batch to the thread (never blocks)."""
-        self._inbox.put(work)
+        """Hand an accepted batch to the thread (never blocks); on the loop, take it in and run it on the
+        next loop pass."""
+        if not self.on_loop:
+            self._inbox.put(work)
+            return
+        self._waiting.append(self._intake(work))
+        if self._step is None and not self._stopped:
+            self._step = asyncio.get_running_loop().call_soon(self._run_next)
 
     async def stop(self) -> None:
         """Stop after the forward running now, if any; batches still waiting are never run or delivered."""
+        self._stopped = True
+        if self._step is not None:
+            self._step.cancel()
+            self._step = None
         if self._thread is None:
             return
         self._inbox.put(None)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+
+    def _run_next(self) -> None:
+        """On the loop: run the next forward, then give the loop a pass before the one after."""
+        self._step = None
+        if self._stopped or not self._waiting:
+            return
+        chosen, self._waiting = _next(self._waiting)
+        self._deliver(self._run(chosen))
+        if self._waiting and not self._stopped:
+            self._step = asyncio.get_running_loop().call_soon(self._run_next)
 
     def _device_loop(self) -> None:
         """Take what arrived, run the next forward, hand its answers to the loop; block only when idle."""
@@ -136,9 +169,7 @@ class DeviceThread:
             if arrived is None:
                 return
             waiting.extend(self._intake(work) for work in arrived)
-            chosen_at = set(next_forward([work.candidate for work in waiting]))
-            chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
-            waiting = [work for i, work in enumerate(waiting) if i not in chosen_at]
+            chosen, waiting = _next(waiting)
             self._deliver(self._run(chosen))
 
     def _take(self, *, block: bool) -> list[Work] | None:
@@ -257,6 +288,13 @@ class DeviceThread:
                 "sluice.items": len(work.batch.item_ids),
             },
         )
+
+
+def _next(waiting: list[Work]) -> tuple[list[Work], list[Work]]:
+    """The batches of the next forward (worker/merging.py) and those left waiting, in order."""
+    chosen_at = set(next_forward([work.candidate for work in waiting]))
+    chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
+    return chosen, [work for i, work in enumerate(waiting) if i not in chosen_at]
 
 
 def _decode(batch: worker_pb2.Batch) -> list[tuple[ExecItem, int]]:

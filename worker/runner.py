@@ -114,6 +114,7 @@ class BatchRunner:
         now: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
         on_device_fault: Callable[[Internal], None] | None = None,
+        forward_on_loop: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
@@ -125,7 +126,12 @@ class BatchRunner:
         self._on_device_fault = on_device_fault
         self._fault_reported = False
         self._device = DeviceThread(
-            executor, models, now=now, tracer=tracer or NoOpTracer(), deliver=self._post
+            executor,
+            models,
+            now=now,
+            tracer=tracer or NoOpTracer(),
+            deliver=self._finish if forward_on_loop else self._post,
+            on_loop=forward_on_loop,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0

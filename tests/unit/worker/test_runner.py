@@ -455,3 +455,25 @@ async def test_items_of_different_lengths_in_one_batch_come_back_ragged() -> Non
     got = {view.item_id: view.outputs[0] for view in items(result)}
     for item_id, length in lengths.items():
         np.testing.assert_array_equal(got[item_id], np.full((1, length), item_id + 1, "<f4"))
+
+
+async def test_forwards_on_the_loop_merge_answer_and_skip_as_on_the_device_thread() -> None:
+    counting = CountingBackend(RecordingBackend())
+    runner, metrics = make_runner(
+        {("toy", "1"): fake_model(synthetic_config(), counting)}, forward_on_loop=True
+    )
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        runner.submit([batch(1, [1, 2]), batch(2, [3])], a)  # one stream message: both wait, then merge
+        runner.submit([batch(1, [1], offset=10)], b)
+        b.cancel([1])
+        message = await asyncio.wait_for(a.outbox.get(), 5)
+        [from_b] = await results(b, 1)
+        assert await runner.wait_idle(within_s=5)
+    finally:
+        await runner.stop()
+    assert counting.rows == [3]  # b's only item was cancelled before its forward: skipped, not run
+    assert message is not None and [first_values(r) for r in message.results] == [{1: 2.0, 2: 3.0}, {3: 4.0}]
+    assert [(e.item_id, e.code) for e in from_b.errors] == [(1, Code.CANCELLED)]
+    assert sample(metrics, "sluice_worker_batches_total", model="toy") == 3
