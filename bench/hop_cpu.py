@@ -1,16 +1,19 @@
 """CPU per request of the router and the worker at a fixed offered rate, and the mean rows per batch: the
 figures to fit CPU per request = c0 + c1 / rows (issue 17; docs/performance.md, "The hop").
 
-Starts `sluice up`'s cluster (etcd, one router, one worker on the demo models) on free ports, sends `mlp`
+Starts `sluice up`'s cluster (etcd, one router, one worker on the demo models) on free ports, sends
 requests of one row at `--rate` per second, open loop, from this process (its own CPU is not counted),
 and after `--warmup` seconds reads over `--seconds` each process's CPU time from /proc (user + system,
 every thread), the requests answered OK in that window, and the rows per batch the router sent (its
-/metrics). Requests bypass the result cache. `--max-wait-ms` with `--batcher timer` makes batches fill
-(the mlp config's max_wait_ms is rewritten in the repository this run uses); the default adaptive batcher
-sends as soon as the worker is idle, so batches stay near one or two rows.
+/metrics). Requests bypass the result cache.
 
-    python -m sluice_inference.bench.hop_cpu --rate 200 --seconds 15
-    python -m sluice_inference.bench.hop_cpu --rate 400 --batcher timer --max-wait-ms 30 --repository /tmp/m
+Rows per batch follow from the rate and how long a forward takes (the router sends as soon as the worker
+is free, so arrivals during a forward make the next batch): `--model synthetic` sleeps `--base-ms` per
+forward (its config is rewritten in the repository this run uses) and spends no CPU on it, so the
+worker's CPU is all overhead; `--model mlp` runs the real demo MLP.
+
+    python -m sluice_inference.bench.hop_cpu --model synthetic --base-ms 1 --rate 300    # ~1.5 rows
+    python -m sluice_inference.bench.hop_cpu --model synthetic --base-ms 30 --rate 300   # ~10 rows
 
 Run it beside other work and the figures move: compare rows from one sitting, and repeat points.
 """
@@ -43,12 +46,17 @@ POOL = 64
 """Distinct requests sent in turn (the cache is bypassed, so repeats cost the same as new inputs)."""
 
 
-def _requests(rng: np.random.Generator) -> list[kserve.ModelInferRequest]:
+INPUTS = {"mlp": ("input", 256), "synthetic": ("x", 16)}
+"""Each model's one input and its width."""
+
+
+def _requests(model: str, rng: np.random.Generator) -> list[kserve.ModelInferRequest]:
+    name, width = INPUTS[model]
     pool = []
     for _ in range(POOL):
-        request = kserve.ModelInferRequest(model_name="mlp")
-        request.inputs.add(name="input", datatype="FP32", shape=[1, 256])
-        request.raw_input_contents.append(rng.standard_normal((1, 256)).astype("<f4").tobytes())
+        request = kserve.ModelInferRequest(model_name=model)
+        request.inputs.add(name=name, datatype="FP32", shape=[1, width])
+        request.raw_input_contents.append(rng.standard_normal((1, width)).astype("<f4").tobytes())
         request.parameters["cache"].bool_param = False
         pool.append(request)
     return pool
@@ -69,10 +77,12 @@ def _batch_rows(metrics_port: int) -> tuple[float, float]:
     return total, count
 
 
-async def _drive(port: int, rate: float, warmup_s: float, seconds: float, on_window: Any) -> tuple[int, int]:
+async def _drive(
+    port: int, model: str, *, rate: float, warmup_s: float, seconds: float, on_window: Any
+) -> tuple[int, int]:
     """Send at `rate` for warmup + seconds; call `on_window(start|end)` around the measured window; the
     requests answered OK and failed within it."""
-    pool = _requests(np.random.default_rng(0))
+    pool = _requests(model, np.random.default_rng(0))
     counts = {"ok": 0, "failed": 0}
     window = {"open": False}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -113,9 +123,9 @@ def _repository(args: argparse.Namespace, workdir: Path) -> Path:
     repository: Path = args.repository or workdir / "models"
     if not (repository / "mlp").exists():
         init_demo_repository(repository)
-    config_path = repository / "mlp" / "config.yaml"
+    config_path = repository / "synthetic" / "config.yaml"
     config = yaml.safe_load(config_path.read_text())
-    config["batching"]["max_wait_ms"] = args.max_wait_ms
+    config["synthetic"]["base_ms"] = args.base_ms
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     return repository
 
@@ -126,17 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second (default 200)")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured window (default 15)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before the window (default 3)")
-    parser.add_argument("--batcher", choices=("adaptive", "timer"), default="adaptive")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="mlp's max_wait_ms (default 2)")
+    parser.add_argument("--model", choices=sorted(INPUTS), default="synthetic")
+    parser.add_argument("--base-ms", type=float, default=1.0, help="synthetic: ms per forward (default 1)")
     parser.add_argument("--repository", type=Path, help="model repository (default: fresh demo models)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="sluice-hop-"))
     repository = _repository(args, workdir)
-    config = workdir / "sluice.yaml"
-    config.write_text(yaml.safe_dump({"router": {"batcher": args.batcher}}))
     cluster = argparse.Namespace(
-        etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=config, workers=1,
+        etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None, workers=1,
         repository=repository, ready_timeout=180.0,
     )  # fmt: skip
     children: list[Child] = []
@@ -152,13 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (workdir / "data").mkdir()
         start_cluster(cluster, workdir / "data", workdir, children, threading.Event())
-        ok, failed = asyncio.run(_drive(cluster.port, args.rate, args.warmup, args.seconds, on_window))
+        drive = _drive(
+            cluster.port, args.model, rate=args.rate, warmup_s=args.warmup, seconds=args.seconds,
+            on_window=on_window,
+        )  # fmt: skip
+        ok, failed = asyncio.run(drive)
     finally:
         stop_cluster(children)
     (cpu0, rows0, t0), (cpu1, rows1, t1) = marks["start"], marks["end"]
     batches = rows1[1] - rows0[1]
     figures: dict[str, Any] = {
-        "rate": args.rate, "batcher": args.batcher, "max_wait_ms": args.max_wait_ms,
+        "model": args.model, "rate": args.rate,
+        "base_ms": args.base_ms if args.model == "synthetic" else None,
         "seconds": round(t1 - t0, 2), "ok": ok, "failed": failed,
         "rows_per_batch": round((rows1[0] - rows0[0]) / batches, 2) if batches else 0.0,
         "cpu_ms_per_request": {

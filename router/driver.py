@@ -254,6 +254,9 @@ class Driver:
         now = self.clock.now()
         for result in message.results:
             self._on_result(worker_id, result, now)
+        if message.results:
+            self._answered.set()
+            self._answered = asyncio.Event()
         if message.HasField("load"):
             load = message.load
             ready = load.state == worker_pb2.WORKER_STATE_READY
@@ -269,8 +272,6 @@ class Driver:
             error = Internal(f"the router failed on this request's answer ({type(exc).__name__})")
             decision = self.core.fail_batch(now, result.batch_id, error)
         self._carry_out(decision, now)
-        self._answered.set()
-        self._answered = asyncio.Event()
 
     def worker_registered(
         self, worker_id: str, models: dict[tuple[str, str], dict[int, float]], capacity: int, ready: bool
