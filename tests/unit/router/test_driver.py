@@ -120,11 +120,11 @@ class FakeLink(WorkerLink):
         return [i for m in self.sent if m.HasField("cancel") for i in m.cancel.item_ids]
 
 
-def decoded() -> DecodedRequest:
+def decoded(record: ModelRecord = RECORD, value: float = 0.0) -> DecodedRequest:
     request = kserve.ModelInferRequest(model_name="mlp")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
-    request.raw_input_contents.append(np.zeros((1, 4), "<f4").tobytes())
-    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), RECORD)
+    request.raw_input_contents.append(np.full((1, 4), value, "<f4").tobytes())
+    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), record)
 
 
 def make_driver(
@@ -257,6 +257,28 @@ class _HoldingBatcher(TimerBatcher):
     def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
         self.asked += 1
         return Cut("held") if ctx.now >= self.at else WakeAt(self.at, lane.limits.max_batch_size)
+
+
+async def test_batches_cut_in_one_decision_for_one_worker_travel_in_one_message(links: WorkerLinks) -> None:
+    clock = MonotonicClock()
+    driver = make_driver(links, batcher=_HoldingBatcher(clock.now() + 0.2))
+    link = FakeLink("w1", driver)
+    links.add(link)
+    join(driver, "w1")
+    one_row = RECORD.model_copy(update={"max_batch_size": 1})  # two requests: two batches, cut together
+    driver.start()
+    try:
+        now = driver.clock.now()
+        replies = await asyncio.gather(
+            *(driver.infer(decoded(one_row, v), now + 5, TENANT, 1, arrival=now) for v in (1.0, 2.0))
+        )
+    finally:
+        await driver.stop()
+    [message] = link.sent
+    assert len(message.batches) == 2 and [b.item_rows for b in message.batches] == [[1], [1]]
+    sent = [np.frombuffer(b.inputs[0].data, "<f4") for b in message.batches]
+    assert sorted(float(x[0]) for x in sent) == [1.0, 2.0]  # each batch its own request's bytes
+    assert [len(r.outputs) for r in replies] == [1, 1]
 
 
 async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLinks) -> None:
