@@ -61,18 +61,31 @@ def pack_arrays(name: str, arrays: Sequence[Array]) -> worker_pb2.BatchTensor:
     return worker_pb2.BatchTensor(name=name, datatype=datatype, row_shape=row_shape, ragged=ragged, data=data)
 
 
+def whole_array(tensor: worker_pb2.BatchTensor, rows: Sequence[int]) -> Array:
+    """Every item's rows as one array (read-only, one `frombuffer`), for a tensor that is not ragged."""
+    data = tensor.data  # read once: each read of a bytes field makes a new object
+    _layout(tensor, rows, len(data))
+    if tensor.ragged:
+        raise ValueError(f"batch tensor {tensor.name[:64]!r} is ragged: its items have no one shape")
+    return np.frombuffer(data, dtype=DATATYPES[tensor.datatype]).reshape((sum(rows), *tensor.row_shape))
+
+
+def row_ranges(whole: Array, rows: Sequence[int]) -> list[Array]:
+    """Each item's rows of `whole`, as views."""
+    arrays, start = [], 0
+    for count in rows:
+        arrays.append(whole[start : start + count])
+        start += count
+    return arrays
+
+
 def split_arrays(tensor: worker_pb2.BatchTensor, rows: Sequence[int]) -> list[Array]:
     """Each item's array: views of one `frombuffer` of the tensor's buffer (read-only)."""
-    data = tensor.data  # read once: each read of a bytes field makes a new object
+    if not tensor.ragged:
+        return row_ranges(whole_array(tensor, rows), rows)
+    data = tensor.data
     layout = _layout(tensor, rows, len(data))
     flat = np.frombuffer(data, dtype=DATATYPES[tensor.datatype])
-    if not tensor.ragged:
-        whole = flat.reshape((sum(rows), *tensor.row_shape))
-        arrays, start = [], 0
-        for count in rows:
-            arrays.append(whole[start : start + count])
-            start += count
-        return arrays
     arrays, start = [], 0
     for shape, elements in layout:
         arrays.append(flat[start : start + elements].reshape(shape))

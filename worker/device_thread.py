@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import NoOpTracer, Span, Tracer
 
-from sluice_inference.common.batch_tensors import split_arrays
+from sluice_inference.common.batch_tensors import row_ranges, split_arrays, whole_array
 from sluice_inference.common.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -43,12 +43,13 @@ from sluice_inference.common.errors import (
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.telemetry import extract_mapping
 from sluice_inference.worker.executor import (
+    Array,
     CheckedItem,
     ExecItem,
     Executor,
     ItemOutcome,
     LoadedModel,
-    check_item,
+    check_items,
 )
 from sluice_inference.worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
 
@@ -196,12 +197,13 @@ class DeviceThread:
                 work.failed = [ItemOutcome(i, None, missing, worker_fault=True) for i in batch.item_ids]
                 return work
             try:
-                items = _decode(batch)
+                items, whole = _decode(batch)
             except SluiceError as err:  # the batch as a whole is malformed: every item fails with it
                 work.failed = [ItemOutcome(i, None, err) for i in batch.item_ids]
                 return work
+            checked = check_items(work.model.spec.config, items, batch.item_rows, whole)
+            work.items = list(zip(checked, batch.budgets_us, strict=True))
             config = work.model.spec.config
-            work.items = [(check_item(config, item), budget) for item, budget in items]
             shapes = {checked.shape for checked, _ in work.items if checked.shape is not None}
             rows = sum(checked.rows for checked, _ in work.items if checked.shape is not None)
             if len(shapes) == 1:
@@ -297,20 +299,31 @@ def _next(waiting: list[Work]) -> tuple[list[Work], list[Work]]:
     return chosen, [work for i, work in enumerate(waiting) if i not in chosen_at]
 
 
-def _decode(batch: worker_pb2.Batch) -> list[tuple[ExecItem, int]]:
-    """Each item with its inputs (views of one buffer per input: common/batch_tensors.py) and its budget;
-    InvalidArgument when the packed lists or buffers disagree (the whole batch is malformed)."""
+def _decode(batch: worker_pb2.Batch) -> tuple[list[ExecItem], dict[str, Array] | None]:
+    """Each item with its inputs (views of one buffer per input: common/batch_tensors.py), and those
+    buffers as arrays when no input is ragged (the checks then run once: `check_items`); InvalidArgument
+    when the packed lists or buffers disagree (the whole batch is malformed)."""
     ids, rows, budgets = batch.item_ids, batch.item_rows, batch.budgets_us
     if not len(ids) == len(rows) == len(budgets):
         raise InvalidArgument(
             f"batch {batch.batch_id}: {len(ids)} item ids, {len(rows)} item rows, {len(budgets)} budgets",
             reason="bad_batch",
         )
-    columns = [(t.name, split_arrays(t, rows)) for t in batch.inputs]
-    return [
-        (ExecItem(item_id, {name: arrays[i] for name, arrays in columns}), budgets[i])
-        for i, item_id in enumerate(ids)
+    whole: dict[str, Array] | None = {}
+    columns = []
+    for tensor in batch.inputs:
+        if tensor.ragged:
+            whole = None
+            columns.append((tensor.name, split_arrays(tensor, rows)))
+        else:
+            array = whole_array(tensor, rows)
+            if whole is not None:
+                whole[tensor.name] = array
+            columns.append((tensor.name, row_ranges(array, rows)))
+    items = [
+        ExecItem(item_id, {name: arrays[i] for name, arrays in columns}) for i, item_id in enumerate(ids)
     ]
+    return items, whole
 
 
 def worker_bug(exc: Exception) -> Internal:

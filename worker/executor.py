@@ -27,7 +27,7 @@ No clock is read here: the shell measures queue and execute time around `execute
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,6 +101,25 @@ def check_item(config: ModelConfig, item: ExecItem) -> CheckedItem:
     except InvalidArgument as exc:
         return CheckedItem(item, error=exc)
     return CheckedItem(item, rows, group_key(config, item.inputs))
+
+
+def check_items(
+    config: ModelConfig, items: Sequence[ExecItem], rows: Sequence[int], whole: Mapping[str, Array] | None
+) -> list[CheckedItem]:
+    """`check_item` for each item, with the checks run once when they can be: when the items' inputs are
+    consecutive row ranges (`rows` each) of `whole` (one array per input, every item with the same row
+    dims), what holds for the whole holds for every range of it — names, datatypes, dims, bucket bounds,
+    declared ranges — so one pass decides for all, and only a whole that fails is checked item by item
+    to find the items at fault (they fail alone)."""
+    if whole is not None and items and all(count >= 1 for count in rows):
+        try:
+            item_rows(config, whole)  # also holds the whole to max_batch_size rows, so each item too
+        except InvalidArgument:
+            pass  # some item is at fault: the checks below name it
+        else:
+            shape = group_key(config, whole)
+            return [CheckedItem(item, count, shape) for item, count in zip(items, rows, strict=True)]
+    return [check_item(config, item) for item in items]
 
 
 @dataclass(frozen=True)

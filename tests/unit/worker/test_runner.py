@@ -477,3 +477,28 @@ async def test_forwards_on_the_loop_merge_answer_and_skip_as_on_the_device_threa
     assert message is not None and [first_values(r) for r in message.results] == [{1: 2.0, 2: 3.0}, {3: 4.0}]
     assert [(e.item_id, e.code) for e in from_b.errors] == [(1, Code.CANCELLED)]
     assert sample(metrics, "sluice_worker_batches_total", model="toy") == 3
+
+
+async def test_an_invalid_item_fails_alone_though_the_batch_is_checked_as_a_whole() -> None:
+    ranged = synthetic_config(inputs=[{"name": "x", "datatype": "INT32", "dims": [4], "range": [0, 10]}])
+    counting = CountingBackend(RecordingBackend())
+    runner, _ = make_runner({("toy", "1"): fake_model(ranged, counting)})
+
+    def tokens(batch_id: int, values: Sequence[int]) -> worker_pb2.Batch:
+        rows = [(v, {"x": np.full((1, 4), v, "<i4")}) for v in values]
+        return packed_batch(batch_id, "toy", "1", rows)
+
+    in_range = tokens(1, [1, 2, 3])  # checked once for all three
+    one_out = tokens(2, [4, 50, 6])  # 50 is out of range: only that item fails
+    empty_item = tokens(3, [7, 8])
+    empty_item.item_rows[1] = 0  # an item of no rows (the buffer holding only the other's row)
+    empty_item.inputs[0].data = empty_item.inputs[0].data[:16]
+    answered = await run_batches(runner, in_range, one_out, empty_item, stream=StreamState())
+    assert [first_values(r) for r in answered] == [{1: 2.0, 2: 3.0, 3: 4.0}, {4: 5.0, 6: 7.0}, {7: 8.0}]
+    errors = [[(e.item_id, e.code, e.reason) for e in r.errors] for r in answered]
+    assert errors == [
+        [],
+        [(50, Code.INVALID_ARGUMENT, "out_of_range")],
+        [(8, Code.INVALID_ARGUMENT, "bad_shape")],
+    ]
+    assert sum(counting.rows) == 6  # the two invalid items never reached the device
