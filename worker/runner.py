@@ -2,17 +2,19 @@
 
 Ownership and threads: this class lives on the event loop: it accepts batches, keeps the queue's counts
 and sends answers. One device thread (worker/device_thread.py) does all the rest, so the device never
-waits for the loop and the loop is woken once per forward.
-- `submit` accepts a batch, or refuses it at once when the worker already holds `capacity` batches (all
-  routers' streams together): every item UNAVAILABLE with reason "worker_busy", never executed, not the
-  worker's fault, so the router places it elsewhere.
+waits for the loop and the loop is woken once per forward (with `forward_on_loop` the same steps run on
+the loop itself, one forward per loop pass, and nothing is handed between threads).
+- `submit` accepts the batches of one stream message, each refused at once when the worker already holds
+  `capacity` batches (all routers' streams together): every item UNAVAILABLE with reason "worker_busy",
+  never executed, not the worker's fault, so the router places it elsewhere.
 - The device thread, whenever the device is free, runs the oldest waiting batch merged with the waiting
   batches of the same model, version, outputs and padded shape that fit (worker/merging.py; from any
   stream; nothing waits for a merge partner), and hands the answers of every batch in that forward back
   with one `call_soon_threadsafe`.
-- `_finish` (on the loop) encodes each batch's outcomes and sends its BatchResult on the stream it came
-  from, with the queue left behind it (`queued_batches`, `queued_rows`) and the forward's rows
-  (`forward_rows`).
+- `_finish` (on the loop) encodes each batch's outcomes — one buffer per output for the items that
+  succeeded (common/batch_tensors.py), an error for each one that did not — with the queue left behind it
+  (`queued_batches`, `queued_rows`) and the forward's rows (`forward_rows`), and sends the BatchResults
+  of one forward to one stream in one message.
 
 Why staging no longer runs ahead on a second thread: the next forward can only be formed when the device
 is free (that is when the batches waiting for it are known), and staging ahead would fix its members one
