@@ -158,9 +158,10 @@ class DeviceThread:
         if self._stopped or not self._waiting:
             return
         chosen, self._waiting = _next(self._waiting)
-        self._deliver(self._run(chosen))
-        if self._waiting and not self._stopped:
+        forward = self._run(chosen)
+        if self._waiting:  # before delivering: a failing delivery must not strand the batches still waiting
             self._step = asyncio.get_running_loop().call_soon(self._run_next)
+        self._deliver(forward)
 
     def _device_loop(self) -> None:
         """Take what arrived, run the next forward, hand its answers to the loop; block only when idle."""
