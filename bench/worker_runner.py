@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
-from sluice_inference.common.tensors import to_wire
 from sluice_inference.worker.backends.synthetic import SyntheticBackend
 from sluice_inference.worker.demo_models import init_demo_repository
 from sluice_inference.worker.executor import Executor, LoadedModel
@@ -84,12 +84,17 @@ def load_model(name: str, profile: tuple[float, float], executor: Executor) -> L
 def make_batch(model: LoadedModel, batch_id: int, rows: int, rng: np.random.Generator) -> worker_pb2.Batch:
     """A batch of `rows` one-row items of random inputs, each with a generous budget."""
     config = model.spec.config
-    message = worker_pb2.Batch(batch_id=batch_id, model=config.name, version=model.spec.version)
     spec = config.inputs[0]
-    for index in range(rows):
-        x = rng.standard_normal((1, *spec.dims)).astype("<f4")
-        message.items.add(item_id=batch_id * 1000 + index, inputs=[to_wire(spec.name, x)], budget_us=10**8)
-    return message
+    x = rng.standard_normal((rows, *spec.dims)).astype("<f4")
+    return worker_pb2.Batch(
+        batch_id=batch_id,
+        model=config.name,
+        version=model.spec.version,
+        item_ids=[batch_id * 1000 + index for index in range(rows)],
+        item_rows=[1] * rows,
+        budgets_us=[10**8] * rows,
+        inputs=[pack_arrays(spec.name, [x])],
+    )
 
 
 async def stream_loop(
@@ -103,23 +108,23 @@ async def stream_loop(
     outstanding = 0
     while True:
         while outstanding < args.in_flight and time.monotonic() < until:
-            runner.submit(make_batch(model, next_id, args.rows, rng), stream)
+            runner.submit([make_batch(model, next_id, args.rows, rng)], stream)
             next_id += 1
             outstanding += 1
         if outstanding == 0:
             return counts
         message = await stream.outbox.get()
-        if message is None or message.WhichOneof("kind") != "result":
+        if message is None:
             continue
-        outstanding -= 1
-        result = message.result
-        if any(item.error.reason == "worker_busy" for item in result.items):  # refused, not run
-            counts["refused"] += 1
-            await asyncio.sleep(0.001)  # back off (a load-aware router would have sent it elsewhere)
-        else:
-            counts["batches"] += 1
-            counts["rows"] += len(result.items)
-            counts["queue_us"].append(result.queue_us)
+        for result in message.results:
+            outstanding -= 1
+            if any(error.reason == "worker_busy" for error in result.errors):  # refused, not run
+                counts["refused"] += 1
+                await asyncio.sleep(0.001)  # back off (a load-aware router would have sent it elsewhere)
+            else:
+                counts["batches"] += 1
+                counts["rows"] += len(result.item_ids) + len(result.errors)
+                counts["queue_us"].append(result.queue_us)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,7 +134,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.model, (profile[0], profile[1]), executor)
     metrics = WorkerMetrics()
     models = {(model.spec.name, model.spec.version): model}
-    runner = BatchRunner(executor, models, metrics, capacity=args.capacity)
+    runner = BatchRunner(
+        executor, models, metrics, capacity=args.capacity, forward_on_loop=args.forward_on_loop
+    )
     loop = asyncio.get_running_loop()
     assert isinstance(loop, CountingLoop)
     runner.start()
@@ -155,6 +162,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "in_flight": args.in_flight,
         "rows_per_batch": args.rows,
         "capacity": args.capacity,
+        "forward_on_loop": args.forward_on_loop,
         "batches_per_s": round(batches / wall, 1),
         "rows_per_s": round(rows / wall, 1),
         "refused_batches": sum(s["refused"] for s in per_stream),
@@ -191,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=8, help="one-row items per batch")
     parser.add_argument("--capacity", type=int, default=4, help="batches the worker holds at once")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds")
+    parser.add_argument(
+        "--forward-on-loop", action="store_true", help="run forwards on the event loop, no device thread"
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=CountingLoop) as runner:

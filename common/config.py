@@ -266,6 +266,13 @@ class WorkerSettings(_Section):
     dev: bool = False
     """Development mode (`sluice worker --dev`): accept the cluster token that deploy/overlays/dev
     publishes (common/dev_token.py). Anywhere reachable by others, leave it off: that token is public."""
+    forward_on_loop: bool = False
+    """Run forwards on the worker's event loop instead of its device thread: no thread hand-off per
+    forward in either direction (worker/device_thread.py), which saves CPU per batch for small models on
+    a CPU shared with the router (docs/performance.md, "The hop"). A forward then holds up the worker's
+    stream I/O and load reports for its whole duration, so only for models whose forwards stay far under
+    the routers' 0.8 s heartbeat; never worth it on CUDA, where the thread overlaps the loop's work with
+    the device's."""
     synthetic_slowdown: float = Field(default=1.0, gt=0)
     """Multiplies the simulated latency of `synthetic` models: makes this worker a slower device in
     scheduling tests and benchmarks. No effect on real models."""

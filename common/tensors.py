@@ -1,5 +1,5 @@
-"""Tensor codec between numpy and the forms tensors travel in: raw little-endian buffers, typed values,
-worker-stream tensors.
+"""Tensor codec between numpy and the forms tensors travel in: raw little-endian buffers and typed values
+(the worker stream's packed batch tensors: common/batch_tensors.py).
 
 Invariant: every decoded array is C-contiguous with the exact dtype its datatype names and the exact shape
 the request declared; every malformed input raises `InvalidArgument` naming the tensor and what is wrong.
@@ -16,7 +16,6 @@ import numpy.typing as npt
 
 from sluice_inference.common.errors import InvalidArgument
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 
 # Protocol datatype → little-endian numpy dtype. BYTES (variable-length strings) is not served yet.
 DATATYPES: dict[str, np.dtype[Any]] = {
@@ -143,16 +142,3 @@ def from_contents(
     """Decode KServe typed `contents`: the field the datatype uses (`CONTENTS_FIELD`), as `from_values`."""
     field = CONTENTS_FIELD.get(datatype)
     return from_values(name, datatype, shape, None if field is None else getattr(contents, field))
-
-
-def to_wire(name: str, array: npt.NDArray[Any]) -> worker_pb2.Tensor:
-    """A worker-stream tensor holding `array` as little-endian bytes."""
-    contiguous = np.ascontiguousarray(array)
-    datatype = datatype_of(contiguous.dtype)
-    le = contiguous.astype(DATATYPES[datatype], copy=False)
-    return worker_pb2.Tensor(name=name, datatype=datatype, shape=list(le.shape), data=le.tobytes())
-
-
-def from_wire(tensor: worker_pb2.Tensor) -> npt.NDArray[Any]:
-    """Decode a worker-stream tensor (validated like a raw input)."""
-    return from_raw(tensor.name, tensor.datatype, tensor.shape, tensor.data)

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from sluice_inference.common.clock import Clock
 from sluice_inference.common.config import CacheSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferResult, Tensor
@@ -62,10 +61,7 @@ def calibration_request(decoded: DecodedRequest) -> DecodedRequest | None:
     if decoded.rows < 1 or times < 2:
         return None
     inputs = tuple(
-        worker_pb2.Tensor(
-            name=t.name, datatype=t.datatype, shape=[t.shape[0] * times, *t.shape[1:]], data=t.data * times
-        )
-        for t in decoded.inputs
+        Tensor(t.name, t.datatype, (t.shape[0] * times, *t.shape[1:]), t.data * times) for t in decoded.inputs
     )
     return dataclasses.replace(
         decoded,

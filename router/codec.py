@@ -8,7 +8,7 @@ device time, and gets INVALID_ARGUMENT naming the tensor. Typed values are conve
 bytes here, after those checks, so everything downstream sees one canonical encoding.
 
 The driver seam: the data plane calls `Executor.infer(decoded, deadline, tenant, priority, arrival=...)`
-and gets `outputs` (every output the model produced, worker-stream tensors) and `served` back.
+and gets `outputs` (every output the model produced, canonical tensors) and `served` back.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy.typing as npt
 
 from sluice_inference.common.buckets import bucketed, padded_cost
 from sluice_inference.common.errors import InvalidArgument
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
 from sluice_inference.common.tensors import dtype_of, from_raw, from_values, shown_shape
 from sluice_inference.router.calls import InferCall, InputTensor, ServedBy, Tensor
@@ -64,8 +63,9 @@ class DecodedRequest:
 
     record: ModelRecord
     client_id: str
-    inputs: tuple[worker_pb2.Tensor, ...]
-    """Canonical inputs sorted by name, as the worker stream carries them."""
+    inputs: tuple[Tensor, ...]
+    """Canonical inputs sorted by name: the bytes the worker stream carries, joined with the other items'
+    of a batch (common/batch_tensors.py), with no per-item message in between."""
     outputs: tuple[str, ...]
     rows: int
     lane: LaneKey
@@ -161,13 +161,13 @@ def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int
     return rows
 
 
-def _decode_input(spec: TensorSpec, tensor: InputTensor) -> worker_pb2.Tensor:
+def _decode_input(spec: TensorSpec, tensor: InputTensor) -> Tensor:
     if tensor.datatype != spec.datatype:
         raise InvalidArgument(
             f"input {spec.name!r}: datatype {tensor.datatype!r}, model expects {spec.datatype!r}",
             reason="bad_datatype",
         )
-    shape = list(tensor.shape)
+    shape = tuple(tensor.shape)
     if tensor.data is not None:
         values = from_raw(spec.name, spec.datatype, shape, tensor.data)  # validates the length
         data = tensor.data
@@ -176,7 +176,7 @@ def _decode_input(spec: TensorSpec, tensor: InputTensor) -> worker_pb2.Tensor:
         data = values.tobytes()
     if spec.range is not None:
         _check_range(spec, values)
-    return worker_pb2.Tensor(name=spec.name, datatype=spec.datatype, shape=shape, data=data)
+    return Tensor(spec.name, spec.datatype, shape, data)
 
 
 def _check_range(spec: TensorSpec, values: npt.NDArray[Any]) -> None:
@@ -279,4 +279,11 @@ def requested_outputs(decoded: DecodedRequest, outputs: Sequence[TensorLike]) ->
     if decoded.outputs:
         by_name = {t.name: t for t in outputs}
         outputs = [by_name[name] for name in decoded.outputs if name in by_name]
-    return tuple(Tensor(t.name, t.datatype, tuple(t.shape), bytes(t.data)) for t in outputs)
+    return tuple(_canonical(t) for t in outputs)
+
+
+def _canonical(tensor: TensorLike) -> Tensor:
+    """A reply's tensor as the router's own type (the driver's already are: no copy then)."""
+    if isinstance(tensor, Tensor):
+        return tensor
+    return Tensor(tensor.name, tensor.datatype, tuple(tensor.shape), bytes(tensor.data))

@@ -5,8 +5,9 @@ request: the caller's future, its trace span, the batch spans it opened, metrics
 servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and load reports, and
 `worker_connected`), from membership (`worker_registered`, `worker_left`) and from the peers' view
 (tenants, the peer routers and their demand, publish rounds); the loop only wakes the core at the times it
-asks for. Every decision is carried out the same way: send the dispatches, settle the requests (the future
-gets a reply or the typed error), tell workers what to drop, disconnect hung workers.
+asks for. Every decision is carried out the same way: settle the requests (the future gets a reply or the
+typed error), disconnect hung workers, and send each worker one stream message holding what to drop and
+every batch the decision cut for it (packed: one buffer per input, worker.proto).
 
 The loop never dies of a bug: a failing tick ends what the core held (INTERNAL) and the loop goes on; a
 failing answer ends that batch's requests; the loop ticks at least every `TICK_S`, the watchdog's evidence
@@ -31,12 +32,15 @@ from opentelemetry.trace import (
     Tracer,
     get_current_span,
 )
+from prometheus_client import Counter, Histogram
 
+from sluice_inference.common.batch_tensors import pack_buffers, split_buffers
 from sluice_inference.common.clock import Clock
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.telemetry import inject
+from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest, ServedBy
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
@@ -59,8 +63,19 @@ SHUTDOWN_RETRY_S = 0.1
 class ItemReply:
     """The outputs of one request and how it was served."""
 
-    outputs: list[worker_pb2.Tensor]
+    outputs: list[Tensor]
     served: ServedBy
+
+
+@dataclass(frozen=True, slots=True)
+class _BoundMetrics:
+    """One model's metric children: models are the registered ones, so the set is bounded."""
+
+    queue_wait: Histogram
+    redispatched: Counter
+    batch_size: Histogram
+    batch_fill: Histogram
+    execute: Histogram
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,7 @@ class Driver:
         self._metrics = metrics
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, tuple[str, Span]] = {}
+        self._bound: dict[str, _BoundMetrics] = {}
         self._alarm = Alarm()
         self._sleeping_until = float("inf")
         self._answered = asyncio.Event()
@@ -241,19 +257,21 @@ class Driver:
 
     # -- worker events ------------------------------------------------------------------------------------
     def on_message(self, worker_id: str, message: worker_pb2.WorkerMessage) -> None:
-        """A message on a worker's stream: an answer to a batch, or a load report."""
-        kind = message.WhichOneof("kind")
+        """A message on a worker's stream: the answers to the batches of one forward, or a load report."""
         now = self.clock.now()
-        if kind == "result":
-            self._on_result(worker_id, message.result, now)
-        elif kind == "load":
+        for result in message.results:
+            self._on_result(worker_id, result, now)
+        if message.results:
+            self._answered.set()
+            self._answered = asyncio.Event()
+        if message.HasField("load"):
             load = message.load
             ready = load.state == worker_pb2.WORKER_STATE_READY
             self._carry_out(self.core.worker_reported(now, worker_id, ready, load.queued_batches), now)
 
     def _on_result(self, worker_id: str, result: worker_pb2.BatchResult, now: float) -> None:
         self._end_batch_span(result.batch_id)
-        self._metrics.execute.labels(self._model_of(result.batch_id)).observe(result.execute_us / 1e6)
+        self._model_metrics(self._model_of(result.batch_id)).execute.observe(result.execute_us / 1e6)
         try:
             decision = self.core.answered(now, worker_id, _answer(result))
         except Exception as exc:
@@ -261,8 +279,6 @@ class Driver:
             error = Internal(f"the router failed on this request's answer ({type(exc).__name__})")
             decision = self.core.fail_batch(now, result.batch_id, error)
         self._carry_out(decision, now)
-        self._answered.set()
-        self._answered = asyncio.Event()
 
     def worker_registered(
         self, worker_id: str, models: dict[tuple[str, str], dict[int, float]], capacity: int, ready: bool
@@ -322,8 +338,9 @@ class Driver:
     def _carry_out(self, decision: Decision, now: float) -> None:
         for settled in decision.settled:
             self._settle(settled.request, settled.outcome)
+        outgoing: dict[str, worker_pb2.RouterMessage] = {}
         for worker_id, item_ids in decision.drops.items():
-            self._links.send(worker_id, worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=item_ids)))
+            outgoing[worker_id] = worker_pb2.RouterMessage(cancel=worker_pb2.Cancel(item_ids=item_ids))
         for worker_id in decision.lost:
             self._disconnect(worker_id)
         for learned in decision.learned:
@@ -332,8 +349,12 @@ class Driver:
                 self._metrics.estimate_error.labels(model).observe(
                     learned.seconds / learned.dispatch.expected_s - 1
                 )
+        sent: dict[str, list[Dispatch]] = {}
         for dispatch in decision.dispatches:
-            self._dispatch(dispatch, now)
+            if self._build(dispatch, now, outgoing):
+                sent.setdefault(dispatch.worker_id, []).append(dispatch)
+        for worker_id, message in outgoing.items():
+            self._send(worker_id, message, sent.get(worker_id, []), now)
         if decision.wake_at is not None and decision.wake_at < self._sleeping_until:
             self._alarm.set()
         self._metrics.queue_depth.set(self.core.queues.queued())
@@ -358,37 +379,69 @@ class Driver:
             served = ServedBy(outcome.worker_id, outcome.batch_rows, outcome.queue_s)
             future.set_result(ItemReply(outcome.outputs, served))
 
-    def _dispatch(self, dispatch: Dispatch, now: float) -> None:
+    def _build(self, dispatch: Dispatch, now: float, outgoing: dict[str, worker_pb2.RouterMessage]) -> bool:
+        """Add the dispatch's batch to its worker's message of this decision (the batches one decision cuts
+        for a worker travel in one stream message); False when it could not be built (it then fails)."""
         try:
-            sent = self._send(dispatch, now)
-        except Exception as exc:  # a batch that cannot be built or sent fails alone
+            batch = self._batch(dispatch, now)
+        except Exception as exc:  # a batch that cannot be built fails alone
             ids = [r.request_id for r in dispatch.requests]
-            log.exception("sending batch %d (requests %s) failed", dispatch.batch_id, ids)
+            log.exception("building batch %d (requests %s) failed", dispatch.batch_id, ids)
             error = Internal(f"the router failed to send this request's batch ({type(exc).__name__})")
             self._end_batch_span(dispatch.batch_id, error.message)
             self._carry_out(self.core.fail_batch(now, dispatch.batch_id, error), now)
+            return False
+        message = outgoing.get(dispatch.worker_id)
+        if message is None:
+            message = outgoing[dispatch.worker_id] = worker_pb2.RouterMessage()
+        message.batches.append(batch)
+        return True
+
+    def _send(
+        self, worker_id: str, message: worker_pb2.RouterMessage, batches: list[Dispatch], now: float
+    ) -> None:
+        """One stream message to a worker; its batches fail (alone) if it cannot be sent."""
+        try:
+            if self._links.send(worker_id, message):
+                return
+        except Exception as exc:
+            log.exception("sending batches %s to %s failed", [d.batch_id for d in batches], worker_id)
+            error = Internal(f"the router failed to send this request's batch ({type(exc).__name__})")
+            for dispatch in batches:
+                self._end_batch_span(dispatch.batch_id, error.message)
+                self._carry_out(self.core.fail_batch(now, dispatch.batch_id, error), now)
             return
-        if not sent:
+        for dispatch in batches:
             self._end_batch_span(dispatch.batch_id, "no open stream")
             self._carry_out(self.core.send_failed(now, dispatch.batch_id, "no open stream"), now)
 
-    def _send(self, dispatch: Dispatch, now: float) -> bool:
+    def _batch(self, dispatch: Dispatch, now: float) -> worker_pb2.Batch:
+        """The wire batch: ids, rows and budgets packed, one buffer per input holding every item's rows."""
         model = dispatch.lane.model
-        batch = worker_pb2.Batch(batch_id=dispatch.batch_id, model=model, version=dispatch.lane.version)
-        for request in dispatch.requests:
-            budget_us = min(MAX_BUDGET_US, max(1, round((request.deadline - now) * 1e6)))
-            batch.items.add(
-                item_id=request.request_id, inputs=_waiter(request).decoded.inputs, budget_us=budget_us
-            )
-            self._metrics.queue_wait.labels(model).observe(now - request.arrival)
-        again = sum(1 for r in dispatch.requests if r.attempts > 1)
+        requests = dispatch.requests
+        decoded = [_waiter(r).decoded for r in requests]
+        batch = worker_pb2.Batch(
+            batch_id=dispatch.batch_id,
+            model=model,
+            version=dispatch.lane.version,
+            item_ids=[r.request_id for r in requests],
+            item_rows=[d.rows for d in decoded],
+            budgets_us=[min(MAX_BUDGET_US, max(1, round((r.deadline - now) * 1e6))) for r in requests],
+        )
+        for index, first in enumerate(decoded[0].inputs):
+            tensors = [d.inputs[index] for d in decoded]
+            shapes = [t.shape[1:] for t in tensors]
+            batch.inputs.append(pack_buffers(first.name, first.datatype, shapes, [t.data for t in tensors]))
+        metrics = self._model_metrics(model)
+        for request in requests:
+            metrics.queue_wait.observe(now - request.arrival)
+        again = sum(1 for r in requests if r.attempts > 1)
         if again:
-            self._metrics.redispatched.labels(model).inc(again)
-        self._metrics.batch_size.labels(model).observe(dispatch.rows)
-        record = _waiter(dispatch.requests[0]).decoded.record
-        self._metrics.batch_fill.labels(model).observe(dispatch.rows / record.max_batch_size)
+            metrics.redispatched.inc(again)
+        metrics.batch_size.observe(dispatch.rows)
+        metrics.batch_fill.observe(dispatch.rows / decoded[0].record.max_batch_size)
         self._trace_batch(dispatch, batch)
-        return self._links.send(dispatch.worker_id, worker_pb2.RouterMessage(batch=batch))
+        return batch
 
     def _disconnect(self, worker_id: str) -> None:
         """A hung worker: close its stream (its registration, if still there, reconnects it later)."""
@@ -431,22 +484,37 @@ class Driver:
         for batch_id in [b for b, (w, _) in self._batch_spans.items() if w == worker_id]:
             self._end_batch_span(batch_id, error)
 
+    def _model_metrics(self, model: str) -> _BoundMetrics:
+        """The per-model metric children, bound once (a `labels()` lookup costs several µs per call)."""
+        bound = self._bound.get(model)
+        if bound is None:
+            m = self._metrics
+            bound = self._bound[model] = _BoundMetrics(
+                m.queue_wait.labels(model), m.redispatched.labels(model), m.batch_size.labels(model),
+                m.batch_fill.labels(model), m.execute.labels(model),
+            )  # fmt: skip
+        return bound
+
     def _model_of(self, batch_id: int) -> str:
         dispatch = self.core.in_flight.get(batch_id)
         return "unknown" if dispatch is None else dispatch.lane.model
 
 
 def _answer(result: worker_pb2.BatchResult) -> BatchAnswer:
-    """A worker's BatchResult as the core reads it (outputs stay the shell's)."""
+    """A worker's BatchResult as the core reads it (outputs stay the shell's): each output's buffer split
+    into the items' own tensors here, the one place the router copies an item's rows."""
     items = {}
-    for item in result.items:
-        if item.HasField("error"):
-            error = item.error
-            items[item.item_id] = ItemAnswer(item.item_id, error.code or int(Code.UNKNOWN), error.message,
-                                             error.worker_fault, error.reason)  # fmt: skip
-        else:
-            items[item.item_id] = ItemAnswer(item.item_id, outputs=list(item.outputs))
-    forward_rows = result.forward_rows or result.executed_size  # a worker without the merge: its own rows
+    for error in result.errors:
+        items[error.item_id] = ItemAnswer(error.item_id, error.code or int(Code.UNKNOWN), error.message,
+                                          error.worker_fault, error.reason)  # fmt: skip
+    ids, rows = result.item_ids, result.item_rows
+    if len(ids) != len(rows):
+        raise ValueError(f"batch {result.batch_id}: {len(ids)} item ids but {len(rows)} item rows")
+    outputs = [(t.name, t.datatype, split_buffers(t, rows)) for t in result.outputs]
+    for index, item_id in enumerate(ids):
+        tensors = [Tensor(name, datatype, *parts[index]) for name, datatype, parts in outputs]
+        items[item_id] = ItemAnswer(item_id, outputs=tensors)
+    forward_rows = result.forward_rows or result.executed_size
     return BatchAnswer(
         result.batch_id, items, forward_rows, result.execute_us / 1e6, queued_batches=result.queued_batches
     )

@@ -4,14 +4,17 @@ hands every answer of it back in one call.
 Ownership: one thread per device runs everything here except `put` and `stop` (the event loop's). It
 owns the list of waiting batches and each `Work`'s fields past the first four; `Work` objects come in
 through the inbox queue and go back inside a `Forward` through `deliver`, which order every access.
-- Intake (once per batch): look up the model, decode and validate every item (worker/executor.py
-  `check_item`), and key the batch for the merge (worker/merging.py): model, version, outputs, the one
-  padded shape of its valid items, and the most rows a forward of that shape may take.
+- Intake (once per batch): look up the model, decode the items (one `frombuffer` per input, each item a
+  view of it: common/batch_tensors.py), validate each (worker/executor.py `check_item`), and key the
+  batch for the merge (worker/merging.py): model, version, outputs, the one padded shape of its valid
+  items, and the most rows a forward of that shape may take.
 - Whenever the device is free: take everything that arrived, choose the next forward (`next_forward`:
   the oldest waiting batch plus the waiting batches it merges with; nobody waits for a partner), skip the
   items the router cancelled or whose budget ran out, stage and run the rest as one prepared batch, split
   the outcomes back per batch, and `deliver` the forward: one hand-off for all its batches.
 - After a device fault every later forward is delivered `dropped`, its batches never run.
+An execute span is opened only for a batch the router traced (it carries a trace context) and only when
+the worker has a tracer: otherwise a batch costs no tracing work.
 A stream's `cancelled` set and `open` flag are only read here (a membership test and a bool read are
 atomic under the GIL); the event loop alone writes them.
 """
@@ -26,19 +29,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import NoOpTracer, Span, Tracer
 
-from sluice_inference.common.errors import Cancelled, DeadlineExceeded, Internal, NotFound, SluiceError
+from sluice_inference.common.batch_tensors import row_ranges, split_arrays, whole_array
+from sluice_inference.common.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    SluiceError,
+)
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.telemetry import extract_mapping
-from sluice_inference.common.tensors import from_wire
 from sluice_inference.worker.executor import (
+    Array,
     CheckedItem,
     ExecItem,
     Executor,
     ItemOutcome,
     LoadedModel,
-    check_item,
+    check_items,
 )
 from sluice_inference.worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
 
@@ -50,8 +61,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Work:
-    """An accepted batch: the loop fills the first four fields at `submit`, the device thread the rest at
-    intake (its decoded, validated items and what the merge needs to know)."""
+    """An accepted batch and, once it ran, its answer. The loop fills the first four fields at `submit`;
+    the device thread the rest: at intake its decoded, validated items and what the merge needs to know,
+    when its forward runs the outcomes (items never run, items run) and its own rows that went in. One
+    object per batch from arrival to answer."""
 
     batch: worker_pb2.Batch
     stream: StreamState
@@ -61,14 +74,6 @@ class Work:
     items: list[tuple[CheckedItem, int]] = field(default_factory=list)  # (item, budget_us)
     failed: list[ItemOutcome] = field(default_factory=list)  # outcomes known before any forward
     candidate: Candidate = field(default_factory=lambda: RUNS_ALONE)
-
-
-@dataclass
-class Answer:
-    """One batch's part of a forward: the items it runs, then the outcomes of items never run and of
-    items run, and the rows of its own that went into the forward."""
-
-    work: Work
     runnable: list[CheckedItem] = field(default_factory=list)
     skipped: list[ItemOutcome] = field(default_factory=list)
     executed: list[ItemOutcome] = field(default_factory=list)
@@ -79,7 +84,7 @@ class Answer:
 class Forward:
     """What the device thread hands back: every batch of one forward (or batches dropped after a fault)."""
 
-    answers: list[Answer]
+    works: list[Work]
     start: float
     end: float
     rows: int = 0
@@ -87,7 +92,12 @@ class Forward:
 
 
 class DeviceThread:
-    """The one thread that touches the device: turns accepted batches into forwards and their answers."""
+    """The one thread that touches the device: turns accepted batches into forwards and their answers.
+
+    With `on_loop` there is no thread: the same steps run on the event loop, one forward per loop pass
+    (so stream reads and load reports interleave between forwards), and a forward costs no thread
+    hand-off in either direction. Only for forwards far shorter than the routers' heartbeat (0.8 s):
+    the loop does nothing else while one runs."""
 
     def __init__(
         self,
@@ -97,31 +107,61 @@ class DeviceThread:
         now: Callable[[], float],
         tracer: Tracer,
         deliver: Callable[[Forward], None],
+        on_loop: bool = False,
     ) -> None:
         self._executor = executor
         self._models = models
         self._now = now
         self._tracer = tracer
+        self._traced = not isinstance(tracer, NoOpTracer)
         self._deliver = deliver
         self._inbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.on_loop = on_loop
+        self._waiting: list[Work] = []
+        """On the loop only: accepted batches not yet run (the thread keeps its own list)."""
+        self._step: asyncio.Handle | None = None
+        self._stopped = False
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the thread (nothing to start on the loop)."""
+        if self.on_loop:
+            return
         self._thread = threading.Thread(target=self._device_loop, name="device", daemon=True)
         self._thread.start()
 
     def put(self, work: Work) -> None:
-        """Hand an accepted batch to the thread (never blocks)."""
-        self._inbox.put(work)
+        """Hand an accepted batch to the thread (never blocks); on the loop, take it in and run it on the
+        next loop pass."""
+        if not self.on_loop:
+            self._inbox.put(work)
+            return
+        self._waiting.append(self._intake(work))
+        if self._step is None and not self._stopped:
+            self._step = asyncio.get_running_loop().call_soon(self._run_next)
 
     async def stop(self) -> None:
         """Stop after the forward running now, if any; batches still waiting are never run or delivered."""
+        self._stopped = True
+        if self._step is not None:
+            self._step.cancel()
+            self._step = None
         if self._thread is None:
             return
         self._inbox.put(None)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+
+    def _run_next(self) -> None:
+        """On the loop: run the next forward, then give the loop a pass before the one after."""
+        self._step = None
+        if self._stopped or not self._waiting:
+            return
+        chosen, self._waiting = _next(self._waiting)
+        forward = self._run(chosen)
+        if self._waiting:  # before delivering: a failing delivery must not strand the batches still waiting
+            self._step = asyncio.get_running_loop().call_soon(self._run_next)
+        self._deliver(forward)
 
     def _device_loop(self) -> None:
         """Take what arrived, run the next forward, hand its answers to the loop; block only when idle."""
@@ -131,9 +171,7 @@ class DeviceThread:
             if arrived is None:
                 return
             waiting.extend(self._intake(work) for work in arrived)
-            chosen_at = set(next_forward([work.candidate for work in waiting]))
-            chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
-            waiting = [work for i, work in enumerate(waiting) if i not in chosen_at]
+            chosen, waiting = _next(waiting)
             self._deliver(self._run(chosen))
 
     def _take(self, *, block: bool) -> list[Work] | None:
@@ -157,16 +195,16 @@ class DeviceThread:
             if work.model is None:
                 # The router believed this worker serves it: the item is not to blame.
                 missing = NotFound(f"worker does not serve {batch.model} version {batch.version}")
-                work.failed = [ItemOutcome(i.item_id, None, missing, worker_fault=True) for i in batch.items]
+                work.failed = [ItemOutcome(i, None, missing, worker_fault=True) for i in batch.item_ids]
                 return work
+            try:
+                items, whole = _decode(batch)
+            except SluiceError as err:  # the batch as a whole is malformed: every item fails with it
+                work.failed = [ItemOutcome(i, None, err) for i in batch.item_ids]
+                return work
+            checked = check_items(work.model.spec.config, items, batch.item_rows, whole)
+            work.items = list(zip(checked, batch.budgets_us, strict=True))
             config = work.model.spec.config
-            for item in batch.items:
-                try:
-                    inputs = {t.name: from_wire(t) for t in item.inputs}
-                except SluiceError as err:
-                    work.failed.append(ItemOutcome(item.item_id, None, err))
-                    continue
-                work.items.append((check_item(config, ExecItem(item.item_id, inputs)), item.budget_us))
             shapes = {checked.shape for checked, _ in work.items if checked.shape is not None}
             rows = sum(checked.rows for checked, _ in work.items if checked.shape is not None)
             if len(shapes) == 1:
@@ -182,71 +220,111 @@ class DeviceThread:
     def _run(self, chosen: list[Work]) -> Forward:
         """Run one forward for `chosen` (batches of one merge key, or one batch alone)."""
         start = self._now()
+        forward = Forward(chosen, start, start)
         if self._executor.fault is not None:  # dropped unanswered (module docstring)
-            return Forward([Answer(work) for work in chosen], start, start, dropped=True)
-        answers = [self._select(work, start) for work in chosen]
-        spans = [self._span(work) for work in chosen]
-        forward = Forward(answers, start, start)
+            forward.dropped = True
+            return forward
+        for work in chosen:
+            self._select(work, start)
+        spans = [self._span(work) for work in chosen] if self._traced else []
         try:
-            forward.rows = self._execute(chosen[0], answers)
+            forward.rows = self._execute(chosen[0], chosen)
         except Exception as exc:  # a bug must fail these batches' items, not stop the device thread
             log.exception("executing batches %s failed", [work.batch.batch_id for work in chosen])
-            for answer in answers:
-                answer.skipped, answer.executed = fail_all(answer.work.batch, exc), []
-                answer.executed_rows = 0
+            for work in chosen:
+                work.skipped, work.executed = fail_all(work.batch, exc), []
+                work.executed_rows = 0
         finally:
-            for span, answer in zip(spans, answers, strict=True):
-                span.set_attribute("sluice.rows", answer.executed_rows)
-                span.set_attribute("sluice.forward_rows", forward.rows)
-                span.end()
+            for span, work in zip(spans, chosen, strict=False):
+                if span is not None:
+                    span.set_attribute("sluice.rows", work.executed_rows)
+                    span.set_attribute("sluice.forward_rows", forward.rows)
+                    span.end()
         forward.end = self._now()
         return forward
 
-    def _select(self, work: Work, now: float) -> Answer:
+    def _select(self, work: Work, now: float) -> None:
         """Split a batch into items to skip (cancelled, or their deadline passed) and items to run."""
-        answer = Answer(work, skipped=list(work.failed))
+        work.skipped = list(work.failed)
         stream = work.stream
         for checked, budget_us in work.items:
             item_id = checked.item.item_id
             if item_id in stream.cancelled or not stream.open:
-                answer.skipped.append(ItemOutcome(item_id, None, Cancelled("cancelled by the router")))
+                work.skipped.append(ItemOutcome(item_id, None, Cancelled("cancelled by the router")))
             elif budget_us and work.received_at + budget_us / 1e6 <= now:
                 expired = DeadlineExceeded("deadline passed before execution")
-                answer.skipped.append(ItemOutcome(item_id, None, expired))
+                work.skipped.append(ItemOutcome(item_id, None, expired))
             else:
-                answer.runnable.append(checked)
-        return answer
+                work.runnable.append(checked)
 
-    def _execute(self, head: Work, answers: list[Answer]) -> int:
-        """Stage and run the runnable items of every answer's batch (all of `head`'s model and outputs) as
-        one prepared batch; fill each answer's outcomes and rows; the rows that went into forwards."""
-        flat = [checked for answer in answers for checked in answer.runnable]
+    def _execute(self, head: Work, works: list[Work]) -> int:
+        """Stage and run the runnable items of every batch in `works` (all of `head`'s model and outputs)
+        as one prepared batch; fill each one's outcomes and rows; the rows that went into forwards."""
+        flat = [checked for work in works for checked in work.runnable]
         if not flat or head.model is None:
             return 0
         prepared = self._executor.prepare_checked(head.model, flat, list(head.batch.outputs))
         outcomes = self._executor.execute(prepared)
         position = 0
-        for answer in answers:
-            count = len(answer.runnable)
-            answer.executed = outcomes[position : position + count]
-            answer.executed_rows = sum(
+        for work in works:
+            count = len(work.runnable)
+            work.executed = outcomes[position : position + count]
+            work.executed_rows = sum(
                 checked.rows
-                for index, checked in enumerate(answer.runnable, start=position)
+                for index, checked in enumerate(work.runnable, start=position)
                 if index not in prepared.outcomes
             )
             position += count
         return prepared.forward_rows
 
-    def _span(self, work: Work) -> Span:
+    def _span(self, work: Work) -> Span | None:
+        """The execute span, a child of the router's batch span: only for batches the router traced
+        (sampled), so an untraced batch costs no span work here."""
+        if not work.batch.trace_context:
+            return None
         return self._tracer.start_span(
             "sluice.execute",
             context=extract_mapping(work.batch.trace_context),
             attributes={
                 "sluice.model": work.batch.model,
                 "sluice.version": work.batch.version,
-                "sluice.items": len(work.batch.items),
+                "sluice.items": len(work.batch.item_ids),
             },
         )
+
+
+def _next(waiting: list[Work]) -> tuple[list[Work], list[Work]]:
+    """The batches of the next forward (worker/merging.py) and those left waiting, in order."""
+    chosen_at = set(next_forward([work.candidate for work in waiting]))
+    chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
+    return chosen, [work for i, work in enumerate(waiting) if i not in chosen_at]
+
+
+def _decode(batch: worker_pb2.Batch) -> tuple[list[ExecItem], dict[str, Array] | None]:
+    """Each item with its inputs (views of one buffer per input: common/batch_tensors.py), and those
+    buffers as arrays when no input is ragged (the checks then run once: `check_items`); InvalidArgument
+    when the packed lists or buffers disagree (the whole batch is malformed)."""
+    ids, rows, budgets = batch.item_ids, batch.item_rows, batch.budgets_us
+    if not len(ids) == len(rows) == len(budgets):
+        raise InvalidArgument(
+            f"batch {batch.batch_id}: {len(ids)} item ids, {len(rows)} item rows, {len(budgets)} budgets",
+            reason="bad_batch",
+        )
+    whole: dict[str, Array] | None = {}
+    columns = []
+    for tensor in batch.inputs:
+        if tensor.ragged:
+            whole = None
+            columns.append((tensor.name, split_arrays(tensor, rows)))
+        else:
+            array = whole_array(tensor, rows)
+            if whole is not None:
+                whole[tensor.name] = array
+            columns.append((tensor.name, row_ranges(array, rows)))
+    items = [
+        ExecItem(item_id, {name: arrays[i] for name, arrays in columns}) for i, item_id in enumerate(ids)
+    ]
+    return items, whole
 
 
 def worker_bug(exc: Exception) -> Internal:
@@ -257,4 +335,4 @@ def worker_bug(exc: Exception) -> Internal:
 def fail_all(batch: worker_pb2.Batch, exc: Exception) -> list[ItemOutcome]:
     """Every item of `batch` failed by `worker_bug(exc)`, blamed on the worker."""
     error = worker_bug(exc)
-    return [ItemOutcome(item.item_id, None, error, worker_fault=True) for item in batch.items]
+    return [ItemOutcome(item_id, None, error, worker_fault=True) for item_id in batch.item_ids]

@@ -18,14 +18,16 @@ runs both on its device thread); `run` is both in sequence and blocks for the wh
   input, which warm-up proved it runs) or the device faulted: then `worker_fault` is set;
 - after a fatal device error (worker/faults.py) `fault` is set for good and nothing touches the device
   again: every later item fails at once, blamed on the worker;
-- returned arrays are C-contiguous and own their memory (no views of batch buffers).
+- an item's outputs are row slices of its forward's host outputs, never copied per item (the runner packs
+  a batch's items into one buffer per output); inputs are never written to (they may be read-only views
+  of the wire buffer).
 No clock is read here: the shell measures queue and execute time around `execute`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -100,6 +102,25 @@ def check_item(config: ModelConfig, item: ExecItem) -> CheckedItem:
     except InvalidArgument as exc:
         return CheckedItem(item, error=exc)
     return CheckedItem(item, rows, group_key(config, item.inputs))
+
+
+def check_items(
+    config: ModelConfig, items: Sequence[ExecItem], rows: Sequence[int], whole: Mapping[str, Array] | None
+) -> list[CheckedItem]:
+    """`check_item` for each item, with the checks run once when they can be: when the items' inputs are
+    consecutive row ranges (`rows` each) of `whole` (one array per input, every item with the same row
+    dims), what holds for the whole holds for every range of it — names, datatypes, dims, bucket bounds,
+    declared ranges — so one pass decides for all, and only a whole that fails is checked item by item
+    to find the items at fault (they fail alone)."""
+    if whole is not None and items and all(count >= 1 for count in rows):
+        try:
+            item_rows(config, whole)  # also holds the whole to max_batch_size rows, so each item too
+        except InvalidArgument:
+            pass  # some item is at fault: the checks below name it
+        else:
+            shape = group_key(config, whole)
+            return [CheckedItem(item, count, shape) for item, count in zip(items, rows, strict=True)]
+    return [check_item(config, item) for item in items]
 
 
 @dataclass(frozen=True)
@@ -316,7 +337,7 @@ class Executor:
         start = 0
         for planned in group:
             stop = start + planned.rows
-            outputs = {name: np.ascontiguousarray(array[start:stop]).copy() for name, array in arrays.items()}
+            outputs = {name: array[start:stop] for name, array in arrays.items()}
             outcomes.append(ItemOutcome(planned.item.item_id, outputs, None))
             start = stop
         return outcomes

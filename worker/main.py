@@ -89,6 +89,7 @@ class WorkerProcess:
             capacity=settings.capacity,
             tracer=tracer(self.tracer_provider, "sluice.worker"),
             on_device_fault=self._on_device_fault,
+            forward_on_loop=settings.forward_on_loop,
         )
         self.state = WorkerState(self.worker_id, self.runner)
         self.health = HealthServicer()

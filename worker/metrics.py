@@ -4,7 +4,30 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sluice_inference.common.errors import Code
 from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+
+
+class ModelMetrics:
+    """One model's metric children, bound once: a `labels()` lookup costs several µs, and the runner
+    observes a handful per batch."""
+
+    def __init__(self, metrics: WorkerMetrics, model: str) -> None:
+        self.batches = metrics.batches.labels(model)
+        self.batch_size = metrics.batch_size.labels(model)
+        self.execute = metrics.execute.labels(model)
+        self.queue_wait = metrics.queue_wait.labels(model)
+        self._items = metrics.items
+        self._model = model
+        self._by_code: dict[int, Counter] = {}
+
+    def items(self, code: int) -> Counter:
+        """The items counter for a status code (gRPC codes: a bounded set)."""
+        child = self._by_code.get(code)
+        if child is None:
+            name = Code(code).name if code in Code._value2member_map_ else str(code)
+            child = self._by_code[code] = self._items.labels(self._model, name)
+        return child
 
 
 class WorkerMetrics:
@@ -53,3 +76,11 @@ class WorkerMetrics:
         self.busy_ratio = Gauge(
             "sluice_worker_busy_ratio", "Fraction of recent wall time spent executing batches", registry=r,
         )  # fmt: skip
+        self._models: dict[str, ModelMetrics] = {}
+
+    def model(self, label: str) -> ModelMetrics:
+        """The children of one model label (the caller bounds the labels: models served, or one other)."""
+        bound = self._models.get(label)
+        if bound is None:
+            bound = self._models[label] = ModelMetrics(self, label)
+        return bound

@@ -10,7 +10,7 @@ gives a row the same output batched and padded as alone (tested within 1e-5 for 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ def padded_dims(config: ModelConfig, spec: TensorConfig, shape: Sequence[int]) -
     return bucketed(spec.dims, shape[1:], config.batching.buckets.get(spec.name, ()))
 
 
-def group_key(config: ModelConfig, inputs: dict[str, Array]) -> ShapeKey:
+def group_key(config: ModelConfig, inputs: Mapping[str, Array]) -> ShapeKey:
     """Items with equal keys can be padded to one shape and stacked."""
     return tuple(padded_dims(config, spec, inputs[spec.name].shape) for spec in config.inputs)
 

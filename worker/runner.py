@@ -2,17 +2,19 @@
 
 Ownership and threads: this class lives on the event loop: it accepts batches, keeps the queue's counts
 and sends answers. One device thread (worker/device_thread.py) does all the rest, so the device never
-waits for the loop and the loop is woken once per forward.
-- `submit` accepts a batch, or refuses it at once when the worker already holds `capacity` batches (all
-  routers' streams together): every item UNAVAILABLE with reason "worker_busy", never executed, not the
-  worker's fault, so the router places it elsewhere.
+waits for the loop and the loop is woken once per forward (with `forward_on_loop` the same steps run on
+the loop itself, one forward per loop pass, and nothing is handed between threads).
+- `submit` accepts the batches of one stream message, each refused at once when the worker already holds
+  `capacity` batches (all routers' streams together): every item UNAVAILABLE with reason "worker_busy",
+  never executed, not the worker's fault, so the router places it elsewhere.
 - The device thread, whenever the device is free, runs the oldest waiting batch merged with the waiting
   batches of the same model, version, outputs and padded shape that fit (worker/merging.py; from any
   stream; nothing waits for a merge partner), and hands the answers of every batch in that forward back
   with one `call_soon_threadsafe`.
-- `_finish` (on the loop) encodes each batch's outcomes and sends its BatchResult on the stream it came
-  from, with the queue left behind it (`queued_batches`, `queued_rows`) and the forward's rows
-  (`forward_rows`).
+- `_finish` (on the loop) encodes each batch's outcomes — one buffer per output for the items that
+  succeeded (common/batch_tensors.py), an error for each one that did not — with the queue left behind it
+  (`queued_batches`, `queued_rows`) and the forward's rows (`forward_rows`), and sends the BatchResults
+  of one forward to one stream in one message.
 
 Why staging no longer runs ahead on a second thread: the next forward can only be formed when the device
 is free (that is when the batches waiting for it are known), and staging ahead would fix its members one
@@ -46,13 +48,13 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
 
+from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
-from sluice_inference.common.tensors import to_wire
 from sluice_inference.worker.busy import BusyWindow
-from sluice_inference.worker.device_thread import Answer, DeviceThread, Forward, Work, fail_all
-from sluice_inference.worker.executor import Executor, ItemOutcome, LoadedModel
-from sluice_inference.worker.metrics import WorkerMetrics
+from sluice_inference.worker.device_thread import DeviceThread, Forward, Work, fail_all
+from sluice_inference.worker.executor import Array, Executor, ItemOutcome, LoadedModel
+from sluice_inference.worker.metrics import ModelMetrics, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +90,17 @@ class StreamState:
         """The router gave up on these items: those still held are skipped or answered CANCELLED."""
         self.cancelled.update(item for item in item_ids if item in self.held)
 
-    def settle(self, batch: worker_pb2.Batch) -> None:
+    def settle(self, item_ids: Sequence[int]) -> None:
         """Every item of an accepted batch has been answered (or dropped with the stream)."""
-        for item in batch.items:
-            self.held.discard(item.item_id)
-            self.cancelled.discard(item.item_id)
+        self.held.difference_update(item_ids)
+        if self.cancelled:
+            self.cancelled.difference_update(item_ids)
 
 
-def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemResult:
-    error = worker_pb2.ItemError(
-        code=int(err.code), message=err.message, worker_fault=worker_fault, reason=err.reason
+def _error(item_id: int, err: SluiceError, *, worker_fault: bool = False) -> worker_pb2.ItemError:
+    return worker_pb2.ItemError(
+        item_id=item_id, code=int(err.code), message=err.message, worker_fault=worker_fault, reason=err.reason
     )
-    return worker_pb2.ItemResult(item_id=item_id, error=error)
 
 
 class BatchRunner:
@@ -115,6 +116,7 @@ class BatchRunner:
         now: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
         on_device_fault: Callable[[Internal], None] | None = None,
+        forward_on_loop: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
@@ -126,7 +128,12 @@ class BatchRunner:
         self._on_device_fault = on_device_fault
         self._fault_reported = False
         self._device = DeviceThread(
-            executor, models, now=now, tracer=tracer or NoOpTracer(), deliver=self._post
+            executor,
+            models,
+            now=now,
+            tracer=tracer or NoOpTracer(),
+            deliver=self._finish if forward_on_loop else self._post,
+            on_loop=forward_on_loop,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
@@ -162,19 +169,24 @@ class BatchRunner:
         """Stop the device thread after the forward it is running, if any; batches not run stay unanswered."""
         await self._device.stop()
 
-    def submit(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
-        """Accept a batch for execution, or refuse it at once if the worker already holds `capacity`."""
-        if self._pending >= self._capacity:
-            self._refuse(batch, stream)
-            return
-        rows = _claimed_rows(batch)
-        self._pending += 1
-        self._queued_items += len(batch.items)
-        self._queued_rows += rows
+    def submit(self, batches: Sequence[worker_pb2.Batch], stream: StreamState) -> None:
+        """Accept the batches of one stream message for execution, each refused at once if the worker
+        already holds `capacity` (the refusals go back in one message)."""
+        refused = worker_pb2.WorkerMessage()
+        for batch in batches:
+            if self._pending >= self._capacity:
+                refused.results.append(self._refuse(batch))
+                continue
+            rows = _claimed_rows(batch)
+            self._pending += 1
+            self._queued_items += len(batch.item_ids)
+            self._queued_rows += rows
+            stream.held.update(batch.item_ids)
+            self._device.put(Work(batch, stream, self._now(), rows))
+        if refused.results:
+            stream.send(refused)
         self._idle.clear()
         self._metrics.queued_batches.set(self._pending)
-        stream.held.update(item.item_id for item in batch.items)
-        self._device.put(Work(batch, stream, self._now(), rows))
 
     async def wait_idle(self, within_s: float) -> bool:
         """Wait until no batch is queued or executing (False on timeout)."""
@@ -189,65 +201,68 @@ class BatchRunner:
         return self._busy.fraction(self._now())
 
     # -- the loop's side ----------------------------------------------------------------------------------
-    def _refuse(self, batch: worker_pb2.Batch, stream: StreamState) -> None:
+    def _refuse(self, batch: worker_pb2.Batch) -> worker_pb2.BatchResult:
         busy = Unavailable(
             f"worker holds {self._pending} batches, its capacity ({self._capacity}); place this batch on "
             "another worker",
             reason=WORKER_BUSY,
         )
         result = worker_pb2.BatchResult(batch_id=batch.batch_id)
-        result.items.extend(_error(item.item_id, busy) for item in batch.items)
+        result.errors.extend(_error(item_id, busy) for item_id in batch.item_ids)
         self._stamp_queue(result)
-        stream.send(worker_pb2.WorkerMessage(result=result))
-        label = self._label(batch)
         self._metrics.refused.labels(WORKER_BUSY).inc()
-        self._metrics.items.labels(label, Code.UNAVAILABLE.name).inc(len(batch.items))
+        self._bound(batch).items(Code.UNAVAILABLE).inc(len(batch.item_ids))
+        return result
 
     def _finish(self, forward: Forward) -> None:
-        """On the loop: answer every batch of a finished forward (or forget dropped ones)."""
-        for answer in forward.answers:
-            work = answer.work
+        """On the loop: answer every batch of a finished forward (or forget dropped ones), the answers to
+        one stream in one message."""
+        for work in forward.works:
             self._pending -= 1
-            self._queued_items -= len(work.batch.items)
+            self._queued_items -= len(work.batch.item_ids)
             self._queued_rows -= work.rows
         self._metrics.queued_batches.set(self._pending)
         if self._pending == 0:
             self._idle.set()
         if forward.dropped:
-            for answer in forward.answers:
-                answer.work.stream.settle(answer.work.batch)
+            for work in forward.works:
+                work.stream.settle(work.batch.item_ids)
             return
         self._busy.add(forward.start, forward.end)
-        for answer in forward.answers:
-            self._answer(answer, forward)
-        label = self._label(forward.answers[0].work.batch)
+        messages: dict[StreamState, worker_pb2.WorkerMessage] = {}
+        for work in forward.works:
+            message = messages.get(work.stream)
+            if message is None:
+                message = messages[work.stream] = worker_pb2.WorkerMessage()
+            message.results.append(self._answer(work, forward))
+        for stream, message in messages.items():
+            stream.send(message)
         if forward.rows:
-            self._metrics.batch_size.labels(label).observe(forward.rows)
-            self._metrics.execute.labels(label).observe(forward.end - forward.start)
+            bound = self._bound(forward.works[0].batch)
+            bound.batch_size.observe(forward.rows)
+            bound.execute.observe(forward.end - forward.start)
         fault = self._executor.fault
         if fault is not None and self._on_device_fault is not None and not self._fault_reported:
             self._fault_reported = True
             self._on_device_fault(fault)
 
-    def _answer(self, answer: Answer, forward: Forward) -> None:
-        work = answer.work
+    def _answer(self, work: Work, forward: Forward) -> worker_pb2.BatchResult:
+        """One batch's result: one buffer per output for the items that ran, errors for the rest."""
         result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
         try:
-            for outcome in answer.skipped:
-                result.items.append(_encode(outcome))
-            result.items.extend(_encode(o, work.stream) for o in answer.executed)
+            _encode(result, work.skipped, work.executed, work.stream.cancelled)
         except Exception as exc:  # a bug must fail this batch's items, not stop the worker
             log.exception("answering batch %d failed", work.batch.batch_id)
-            del result.items[:]
-            result.items.extend(_encode(outcome) for outcome in fail_all(work.batch, exc))
-        result.executed_size = answer.executed_rows
-        result.forward_rows = forward.rows if answer.executed_rows else 0
+            result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
+            _encode(result, fail_all(work.batch, exc), [], set())
+        result.executed_size = work.executed_rows
+        result.forward_rows = forward.rows if work.executed_rows else 0
         result.queue_us = round((forward.start - work.received_at) * 1e6)
         result.execute_us = round((forward.end - forward.start) * 1e6)
         self._stamp_queue(result)
-        work.stream.send(worker_pb2.WorkerMessage(result=result))
-        work.stream.settle(work.batch)
+        work.stream.settle(work.batch.item_ids)
         self._account(work, result, forward.start)
+        return result
 
     def _stamp_queue(self, result: worker_pb2.BatchResult) -> None:
         result.queued_batches = min(self._pending, _UINT32_MAX)
@@ -256,17 +271,19 @@ class BatchRunner:
     def _account(self, work: Work, result: worker_pb2.BatchResult, start: float) -> None:
         self.batches_executed += 1
         self.items_executed += result.executed_size
-        label = self._label(work.batch)
-        m = self._metrics
-        m.batches.labels(label).inc()
-        m.queue_wait.labels(label).observe(start - work.received_at)
-        for item in result.items:
-            code = item.error.code if item.HasField("error") else 0
-            m.items.labels(label, _code_name(code)).inc()
+        bound = self._bound(work.batch)
+        bound.batches.inc()
+        bound.queue_wait.observe(start - work.received_at)
+        if result.item_ids:
+            bound.items(Code.OK).inc(len(result.item_ids))
+        for error in result.errors:
+            bound.items(error.code).inc()
 
-    def _label(self, batch: worker_pb2.Batch) -> str:
-        """The model as a metric label: only models served here, so a router cannot grow the label set."""
-        return batch.model if (batch.model, batch.version) in self._models else _UNKNOWN_MODEL
+    def _bound(self, batch: worker_pb2.Batch) -> ModelMetrics:
+        """The metric children of the batch's model, bound once: only models served here, so a router
+        cannot grow the label set."""
+        served = (batch.model, batch.version) in self._models
+        return self._metrics.model(batch.model if served else _UNKNOWN_MODEL)
 
     def _post(self, forward: Forward) -> None:
         """On the device thread: hand a finished forward to the loop, its one wake-up for all the forward's
@@ -275,29 +292,45 @@ class BatchRunner:
         try:
             self._loop.call_soon_threadsafe(self._finish, forward)
         except RuntimeError:  # the loop is closed: nobody is left to answer
-            log.warning("event loop closed; %d batch answers dropped", len(forward.answers))
+            log.warning("event loop closed; %d batch answers dropped", len(forward.works))
 
 
-def _encode(outcome: ItemOutcome, stream: StreamState | None = None) -> worker_pb2.ItemResult:
-    """The wire form of an outcome; with `stream`, an executed item the router cancelled meanwhile
-    becomes CANCELLED instead of its outputs."""
-    if stream is not None and outcome.item_id in stream.cancelled:
-        return _error(outcome.item_id, Cancelled("cancelled by the router during execution"))
-    if outcome.error is not None or outcome.outputs is None:
-        error = outcome.error or SluiceError("no outputs")
-        return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
-    tensors = [to_wire(name, array) for name, array in outcome.outputs.items()]
-    return worker_pb2.ItemResult(item_id=outcome.item_id, outputs=tensors)
+def _encode(
+    result: worker_pb2.BatchResult,
+    skipped: Sequence[ItemOutcome],
+    executed: Sequence[ItemOutcome],
+    cancelled: set[int],
+) -> None:
+    """Fill `result` with the outcomes: an error per failed item, and the items that succeeded as one
+    buffer per output. An executed item the router cancelled meanwhile becomes CANCELLED instead of its
+    outputs."""
+    errors = result.errors
+    for outcome in skipped:
+        errors.append(_failure(outcome))
+    ok_ids: list[int] = []
+    ok_rows: list[int] = []
+    columns: dict[str, list[Array]] = {}
+    for outcome in executed:
+        if outcome.item_id in cancelled:
+            errors.append(_error(outcome.item_id, Cancelled("cancelled by the router during execution")))
+        elif outcome.error is not None or outcome.outputs is None:
+            errors.append(_failure(outcome))
+        else:
+            ok_ids.append(outcome.item_id)
+            arrays = outcome.outputs
+            ok_rows.append(len(next(iter(arrays.values()))) if arrays else 0)
+            for name, array in arrays.items():
+                columns.setdefault(name, []).append(array)
+    result.item_ids.extend(ok_ids)
+    result.item_rows.extend(ok_rows)
+    result.outputs.extend(pack_arrays(name, arrays) for name, arrays in columns.items())
+
+
+def _failure(outcome: ItemOutcome) -> worker_pb2.ItemError:
+    error = outcome.error or SluiceError("no outputs")
+    return _error(outcome.item_id, error, worker_fault=outcome.worker_fault)
 
 
 def _claimed_rows(batch: worker_pb2.Batch) -> int:
-    """The batch's rows as the router sent them (each item's first input's leading dim, bounded)."""
-    rows = 0
-    for item in batch.items:
-        shape: Sequence[int] = item.inputs[0].shape if item.inputs else ()
-        rows += min(max(shape[0], 1), _MAX_ITEM_ROWS) if shape else 1
-    return rows
-
-
-def _code_name(code: int) -> str:
-    return Code(code).name if code in Code._value2member_map_ else str(code)
+    """The batch's rows as the router sent them (each item's rows, bounded)."""
+    return sum(min(max(rows, 1), _MAX_ITEM_ROWS) for rows in batch.item_rows)

@@ -82,11 +82,10 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
     async def _read(self, requests: AsyncIterator[worker_pb2.RouterMessage], stream: StreamState) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
             async for message in requests:
-                kind = message.WhichOneof("kind")
-                if kind == "batch":
-                    self._state.runner.submit(message.batch, stream)
-                elif kind == "cancel":
+                if message.HasField("cancel"):  # first: it names items sent before this message
                     stream.cancel(message.cancel.item_ids)
+                if message.batches:
+                    self._state.runner.submit(message.batches, stream)
         # The router closed its side: let pending results go out, then end the stream.
         await self._state.runner.wait_idle(within_s=60.0)
         stream.outbox.put_nowait(None)

@@ -90,13 +90,21 @@ async def status(channel: grpc.aio.Channel, metadata: Any = ()) -> admin_pb2.Wor
     )
 
 
+def not_found_items(message: worker_pb2.WorkerMessage) -> list[int]:
+    """The items of batch 7 answered NOT_FOUND (every one of them, when the worker read the batch)."""
+    [result] = message.results
+    assert result.batch_id == 7 and not result.item_ids
+    return [e.item_id for e in result.errors if e.code == grpc.StatusCode.NOT_FOUND.value[0]]
+
+
 def big_batch() -> worker_pb2.RouterMessage:
     """One batch of two 4 MiB items for a model the worker does not serve (each item → NOT_FOUND)."""
-    batch = worker_pb2.Batch(batch_id=7, model="not-served", version="1")
-    for item_id in (1, 2):
-        item = batch.items.add(item_id=item_id, budget_us=5_000_000)
-        item.inputs.add(name="x", datatype="UINT8", shape=[1, BIG // 2], data=bytes(BIG // 2))
-    return worker_pb2.RouterMessage(batch=batch)
+    x = worker_pb2.BatchTensor(name="x", datatype="UINT8", row_shape=[BIG // 2], data=bytes(BIG))
+    batch = worker_pb2.Batch(
+        batch_id=7, model="not-served", version="1", item_ids=[1, 2], item_rows=[1, 1],
+        budgets_us=[5_000_000] * 2, inputs=[x],
+    )  # fmt: skip
+    return worker_pb2.RouterMessage(batches=[batch])
 
 
 def test_a_worker_without_credentials_refuses_to_start(
@@ -180,9 +188,8 @@ async def test_token_gate_on_admin_and_stream(
         proof = await cluster.authenticate(channel, "w-token", STREAM_METHOD)
         call = worker_pb2_grpc.WorkerStub(channel).Stream(one_batch(), timeout=10, metadata=proof)
         async for message in call:
-            if message.WhichOneof("kind") == "result":
-                assert message.result.batch_id == 7
-                assert {i.error.code for i in message.result.items} == {grpc.StatusCode.NOT_FOUND.value[0]}
+            if message.results:
+                assert not_found_items(message) == [1, 2]
                 call.cancel()
                 break
         else:

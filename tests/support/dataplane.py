@@ -22,10 +22,9 @@ from sluice_inference.common.config import (
     RouterSettings,
     TenantSettings,
 )
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
 from sluice_inference.router.cache_gate import CacheGate
-from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy
+from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy, Tensor
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.dataplane import DataPlane
 from sluice_inference.router.idempotency_gate import IdempotencyGate
@@ -85,7 +84,7 @@ def raw_call(values: Sequence[float], **changes: object) -> InferCall:
 class Reply:
     """What the driver answers (`sluice_inference.router.driver.ItemReply`'s shape)."""
 
-    outputs: list[worker_pb2.Tensor]
+    outputs: list[Tensor]
     served: ServedBy
 
 
@@ -125,8 +124,8 @@ class FakeBackend:
         y = (values * factor).astype("<f4")
         s = values.sum(axis=1, keepdims=True).astype("<f4")
         outputs = [
-            worker_pb2.Tensor(name="y", datatype="FP32", shape=list(y.shape), data=y.tobytes()),
-            worker_pb2.Tensor(name="s", datatype="FP32", shape=list(s.shape), data=s.tobytes()),
+            Tensor("y", "FP32", y.shape, y.tobytes()),
+            Tensor("s", "FP32", s.shape, s.tobytes()),
         ]
         return Reply(outputs, ServedBy("fake-1", decoded.rows, 0.002))
 

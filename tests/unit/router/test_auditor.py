@@ -18,7 +18,6 @@ import torch
 
 from sluice_inference.common.clock import FakeClock
 from sluice_inference.common.config import CacheSettings
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
 from sluice_inference.router.auditor import CacheAuditor, calibration_request
 from sluice_inference.router.cache_gate import CacheGate
@@ -68,7 +67,7 @@ class MlpExecutor:
         x = decoded.inputs[0]
         self.runs.append(decoded.rows)
         y = self.outputs(np.frombuffer(x.data, "<f4").reshape(tuple(x.shape)))
-        tensor = worker_pb2.Tensor(name="output", datatype="FP32", shape=list(y.shape), data=y.tobytes())
+        tensor = Tensor("output", "FP32", y.shape, y.tobytes())
         return Reply([tensor], ServedBy("w1", decoded.rows, 0.0))
 
 

@@ -8,9 +8,8 @@ import pytest
 
 from sluice_inference.common.errors import Code, SluiceError
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
-from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
-from sluice_inference.router.calls import InferResult, ServedBy
+from sluice_inference.router.calls import InferResult, ServedBy, Tensor
 from sluice_inference.router.codec import DecodedRequest, DecodeLimits, decode_call, requested_outputs
 from sluice_inference.router.kserve_codec import call_from_request, response_from_result
 
@@ -106,8 +105,8 @@ def test_response_keeps_only_requested_outputs_in_request_order() -> None:
     request.outputs.add(name="aux")
     decoded = decode_infer_request(request, RECORD)
     outputs = [
-        worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\x00" * 8),
-        worker_pb2.Tensor(name="aux", datatype="FP32", shape=[1, 1], data=b"\x00" * 4),
+        Tensor("output", "FP32", (1, 2), b"\x00" * 8),
+        Tensor("aux", "FP32", (1, 1), b"\x00" * 4),
     ]
     result = InferResult(
         model_name="mlp",

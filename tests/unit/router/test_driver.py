@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from pydantic import SecretStr
 
+from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.common.cluster_auth import ClusterClient
 from sluice_inference.common.config import (
@@ -83,32 +84,34 @@ class FakeLink(WorkerLink):
         self.closed_by_router = False
 
     def send(self, message: worker_pb2.RouterMessage) -> bool:
-        if message.HasField("batch") and self.fail_sends:
+        if message.batches and self.fail_sends:
             self.fail_sends -= 1
             raise RuntimeError("the stream's writer blew up")
         self.sent.append(message)
-        if message.HasField("batch") and self.driver is not None:
-            self._answer(message.batch)
+        if message.batches and self.driver is not None:
+            answer = worker_pb2.WorkerMessage(results=[self._answer(batch) for batch in message.batches])
+            asyncio.get_running_loop().call_soon(self.driver.on_message, self.worker_id, answer)
         return True
 
-    def _answer(self, batch: worker_pb2.Batch) -> None:
+    def _answer(self, batch: worker_pb2.Batch) -> worker_pb2.BatchResult:
         if self.busy:
             self.busy -= 1
             result = worker_pb2.BatchResult(batch_id=batch.batch_id, queued_batches=4)
-            for item in batch.items:
+            for item_id in batch.item_ids:
                 refusal = worker_pb2.ItemError(
-                    code=int(Code.UNAVAILABLE), message="busy", reason="worker_busy"
+                    item_id=item_id, code=int(Code.UNAVAILABLE), message="busy", reason="worker_busy"
                 )
-                result.items.add(item_id=item.item_id, error=refusal)
-        else:
-            result = worker_pb2.BatchResult(batch_id=batch.batch_id, executed_size=len(batch.items))
-            for item in batch.items:
-                out = worker_pb2.Tensor(name="output", datatype="FP32", shape=[1, 2], data=b"\0" * 8)
-                result.items.add(item_id=item.item_id, outputs=[out])
-        driver = self.driver
-        assert driver is not None
-        message = worker_pb2.WorkerMessage(result=result)
-        asyncio.get_running_loop().call_soon(driver.on_message, self.worker_id, message)
+                result.errors.append(refusal)
+            return result
+        rows = list(batch.item_rows)
+        output = np.zeros((sum(rows), 2), "<f4")
+        return worker_pb2.BatchResult(
+            batch_id=batch.batch_id,
+            executed_size=sum(rows),
+            item_ids=batch.item_ids,
+            item_rows=rows,
+            outputs=[pack_arrays("output", [output])],
+        )
 
     async def close(self) -> None:
         self.closed_by_router = True
@@ -117,11 +120,11 @@ class FakeLink(WorkerLink):
         return [i for m in self.sent if m.HasField("cancel") for i in m.cancel.item_ids]
 
 
-def decoded() -> DecodedRequest:
+def decoded(record: ModelRecord = RECORD, value: float = 0.0) -> DecodedRequest:
     request = kserve.ModelInferRequest(model_name="mlp")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
-    request.raw_input_contents.append(np.zeros((1, 4), "<f4").tobytes())
-    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), RECORD)
+    request.raw_input_contents.append(np.full((1, 4), value, "<f4").tobytes())
+    return decode_call(call_from_request(request, metadata=None, time_remaining_s=None), record)
 
 
 def make_driver(
@@ -183,7 +186,7 @@ async def test_a_batch_the_worker_refuses_as_busy_runs_on_another_worker(links: 
         await eventually(lambda: bool(full.sent), 2.0, "a batch sent to w1")
         join(driver, "w2")
         assert await pending == Code.OK  # not the worker's UNAVAILABLE: the router placed it again
-        assert any(m.HasField("batch") for m in free.sent)
+        assert any(m.batches for m in free.sent)
         assert driver.core.workers.get("w1").others == 4  # type: ignore[union-attr]  # its queue is known
     finally:
         await driver.stop()
@@ -201,7 +204,7 @@ async def test_a_dispatched_request_ends_at_its_deadline_and_the_worker_is_told_
         started = driver.clock.now()
         assert await infer(driver, timeout_s=0.3) == Code.DEADLINE_EXCEEDED
         assert driver.clock.now() - started < 0.3 + 0.25  # stated tolerance: one loop pass on a busy box
-        sent = [m.batch.items[0].item_id for m in silent.sent if m.HasField("batch")]
+        sent = [b.item_ids[0] for m in silent.sent for b in m.batches]
         assert silent.cancelled_items() == sent
     finally:
         await driver.stop()
@@ -254,6 +257,28 @@ class _HoldingBatcher(TimerBatcher):
     def decide(self, lane: Lane, ctx: BatchContext) -> Cut | WakeAt:
         self.asked += 1
         return Cut("held") if ctx.now >= self.at else WakeAt(self.at, lane.limits.max_batch_size)
+
+
+async def test_batches_cut_in_one_decision_for_one_worker_travel_in_one_message(links: WorkerLinks) -> None:
+    clock = MonotonicClock()
+    driver = make_driver(links, batcher=_HoldingBatcher(clock.now() + 0.2))
+    link = FakeLink("w1", driver)
+    links.add(link)
+    join(driver, "w1")
+    one_row = RECORD.model_copy(update={"max_batch_size": 1})  # two requests: two batches, cut together
+    driver.start()
+    try:
+        now = driver.clock.now()
+        replies = await asyncio.gather(
+            *(driver.infer(decoded(one_row, v), now + 5, TENANT, 1, arrival=now) for v in (1.0, 2.0))
+        )
+    finally:
+        await driver.stop()
+    [message] = link.sent
+    assert len(message.batches) == 2 and [b.item_rows for b in message.batches] == [[1], [1]]
+    sent = [np.frombuffer(b.inputs[0].data, "<f4") for b in message.batches]
+    assert sorted(float(x[0]) for x in sent) == [1.0, 2.0]  # each batch its own request's bytes
+    assert [len(r.outputs) for r in replies] == [1, 1]
 
 
 async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLinks) -> None:

@@ -21,6 +21,7 @@ from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
@@ -167,9 +168,9 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
             result = worker_pb2.BatchResult(batch_id=argument, executed_size=answer.executed_rows,
                                             forward_rows=answer.executed_rows, queued_batches=0,
                                             execute_us=round(answer.execute_s * 1e6))  # fmt: skip
-            for item_id in answer.items:
-                result.items.add(item_id=item_id)
-            driver.on_message(worker_id, worker_pb2.WorkerMessage(result=result))
+            result.item_ids.extend(answer.items)
+            result.item_rows.extend([1] * len(answer.items))
+            driver.on_message(worker_id, worker_pb2.WorkerMessage(results=[result]))
         else:
             driver.worker_left(argument, "lost")
     log = list(core.log)
@@ -185,7 +186,7 @@ def decoded_request(plan: RunPlan, cls: int) -> DecodedRequest:
     spec = plan.scenario.classes[cls]
     model = plan.scenario.model
     data = np.zeros((spec.rows, spec.length), "<f4").tobytes()
-    tensor = worker_pb2.Tensor(name="x", datatype="FP32", shape=[spec.rows, spec.length], data=data)
+    tensor = Tensor("x", "FP32", (spec.rows, spec.length), data)
     x = TensorSpec(name="x", datatype="FP32", dims=(spec.length,))
     record = ModelRecord(name=model.name, version=model.version, digest="d", platform="synthetic",
                          max_batch_size=model.max_batch_size, max_wait_s=model.max_wait_ms / 1000.0,

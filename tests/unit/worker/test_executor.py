@@ -46,7 +46,7 @@ def test_mlp_batched_equals_alone(executor: Executor, demo_models: dict[str, Loa
         together = ok(outcome)["output"]
         assert together.shape == (item.inputs["input"].shape[0], 10)
         np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
-        assert together.flags.c_contiguous and together.flags.owndata
+        assert together.base is not None  # a row slice of the forward's output: no copy per item
 
 
 def test_encoder_batched_equals_alone(executor: Executor, demo_models: dict[str, LoadedModel]) -> None:

@@ -18,13 +18,13 @@ import torch
 from sluice_inference.common.clock import FakeClock
 from sluice_inference.common.errors import Code, Internal
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
-from sluice_inference.common.tensors import from_wire, to_wire
 from sluice_inference.worker.backends import Backend
 from sluice_inference.worker.backends.synthetic import POISON, SyntheticBackend
 from sluice_inference.worker.executor import Executor, LoadedModel
 from sluice_inference.worker.metrics import WorkerMetrics
 from sluice_inference.worker.model_config import ModelConfig
 from sluice_inference.worker.runner import WORKER_BUSY, BatchRunner, StreamState
+from tests.support.hop import first_values, items, packed_batch
 from tests.unit.worker.fakes import (
     CountingBackend,
     FailingBackend,
@@ -50,18 +50,13 @@ def batch(
     outputs: Sequence[str] = (),
 ) -> worker_pb2.Batch:
     """Items of one row each whose values are `offset + item_id` (so outputs show whose item it was)."""
-    message = worker_pb2.Batch(batch_id=batch_id, model=model, version=version, outputs=list(outputs))
-    for item_id in item_ids:
-        x = np.full((1, width), offset + item_id, dtype="<f4")
-        message.items.add(item_id=item_id, inputs=[to_wire("x", x)], budget_us=budget_us)
-    return message
+    rows = [(i, {"x": np.full((1, width), offset + i, dtype="<f4")}) for i in item_ids]
+    return packed_batch(batch_id, model, version, rows, budget_us=budget_us, outputs=outputs)
 
 
 def poisoned(batch_id: int, values: Sequence[float], model: str = "toy") -> worker_pb2.Batch:
-    message = worker_pb2.Batch(batch_id=batch_id, model=model, version="1")
-    for item_id, value in enumerate(values):
-        message.items.add(item_id=item_id, inputs=[to_wire("x", np.full((1, 4), value, "<f4"))])
-    return message
+    rows = [(i, {"x": np.full((1, 4), value, "<f4")}) for i, value in enumerate(values)]
+    return packed_batch(batch_id, model, "1", rows)
 
 
 def make_runner(models: Models, capacity: int = 8, **kwargs: Any) -> tuple[BatchRunner, WorkerMetrics]:
@@ -79,7 +74,7 @@ def gated_models(**extra: LoadedModel) -> tuple[Models, GatedBackend]:
 
 async def hold_device(runner: BatchRunner, gated: GatedBackend, stream: StreamState) -> None:
     """Occupy the device with one `hold` batch (id 999) until the gate opens."""
-    runner.submit(batch(999, [999], model="hold"), stream)
+    runner.submit([batch(999, [999], model="hold")], stream)
     assert await asyncio.to_thread(gated.started.wait, 5)
 
 
@@ -88,8 +83,8 @@ async def results(stream: StreamState, count: int) -> list[worker_pb2.BatchResul
     while len(out) < count:
         message = await asyncio.wait_for(stream.outbox.get(), 5)
         assert message is not None
-        if message.WhichOneof("kind") == "result":
-            out.append(message.result)
+        out.extend(message.results)
+    assert len(out) == count, f"{len(out)} results, expected {count}"
     return out
 
 
@@ -99,15 +94,13 @@ async def run_batches(
     runner.start()
     try:
         for message in batches:
-            runner.submit(message, stream)
+            runner.submit([message], stream)
         return await results(stream, len(batches))
     finally:
         await runner.stop()
 
 
-def values(result: worker_pb2.BatchResult) -> dict[int, float]:
-    """Item id → the first output value, for items that succeeded."""
-    return {i.item_id: float(from_wire(i.outputs[0])[0, 0]) for i in result.items if not i.HasField("error")}
+values = first_values
 
 
 def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
@@ -119,10 +112,10 @@ async def test_every_item_gets_exactly_one_outcome() -> None:
     stream = StreamState()
     stream.cancelled.add(2)
     [result] = await run_batches(runner, batch(7, [1, 2, 3]), stream=stream)
-    by_id = {item.item_id: item for item in result.items}
+    by_id = {item.item_id: item for item in items(result)}
     assert result.batch_id == 7 and sorted(by_id) == [1, 2, 3]
     assert by_id[2].error.code == Code.CANCELLED and not by_id[2].outputs
-    np.testing.assert_array_equal(from_wire(by_id[3].outputs[0]), np.full((1, 4), 4.0, "<f4"))
+    np.testing.assert_array_equal(by_id[3].outputs[0], np.full((1, 4), 4.0, "<f4"))
     assert result.executed_size == 2 and result.forward_rows == 2
 
 
@@ -130,7 +123,7 @@ async def test_items_past_their_budget_are_not_executed() -> None:
     backend = RecordingBackend()
     runner, _ = make_runner({("toy", "1"): fake_model(synthetic_config(), backend)})
     [result] = await run_batches(runner, batch(1, [5], budget_us=1), stream=StreamState())
-    assert result.items[0].error.code == Code.DEADLINE_EXCEEDED
+    assert items(result)[0].error.code == Code.DEADLINE_EXCEEDED
     assert result.executed_size == result.forward_rows == 0
     assert backend.calls == []
 
@@ -138,7 +131,7 @@ async def test_items_past_their_budget_are_not_executed() -> None:
 async def test_unknown_model_fails_every_item_not_found() -> None:
     runner, _ = make_runner({("toy", "1"): MODEL})
     [result] = await run_batches(runner, batch(1, [1, 2], model="other"), stream=StreamState())
-    assert [i.error.code for i in result.items] == [Code.NOT_FOUND, Code.NOT_FOUND]
+    assert [i.error.code for i in items(result)] == [Code.NOT_FOUND, Code.NOT_FOUND]
 
 
 async def test_batches_waiting_on_two_streams_run_as_one_forward_each_answered_on_its_own() -> None:
@@ -150,9 +143,9 @@ async def test_batches_waiting_on_two_streams_run_as_one_forward_each_answered_o
     try:
         await hold_device(runner, gated, a)
         # Same batch id and item ids on both streams: ids are only unique within a stream.
-        runner.submit(batch(2, [1, 2], offset=10), a)
-        runner.submit(batch(2, [1, 2, 3], offset=20), b)
-        runner.submit(batch(3, [4], offset=10), a)
+        runner.submit([batch(2, [1, 2], offset=10)], a)
+        runner.submit([batch(2, [1, 2, 3], offset=20)], b)
+        runner.submit([batch(3, [4], offset=10)], a)
         gated.gate.set()
         [held, from_a, also_from_a] = await results(a, 3)
         [from_b] = await results(b, 1)
@@ -181,15 +174,15 @@ async def test_a_bad_item_of_one_stream_fails_alone_in_a_merged_forward() -> Non
     runner.start()
     try:
         await hold_device(runner, gated, a)
-        runner.submit(poisoned(1, [1.0, POISON]), a)
-        runner.submit(poisoned(1, [2.0, 3.0, 4.0]), b)
+        runner.submit([poisoned(1, [1.0, POISON])], a)
+        runner.submit([poisoned(1, [2.0, 3.0, 4.0])], b)
         gated.gate.set()
         [_, from_a] = await results(a, 2)
         [from_b] = await results(b, 1)
     finally:
         await runner.stop()
     assert counting.rows[0] == 5  # merged; then halves re-run until the poison is alone
-    bad = from_a.items[1].error
+    bad = items(from_a)[1].error
     assert (bad.code, bad.worker_fault, bad.reason) == (Code.INTERNAL, False, "model_error")
     assert values(from_a) == {0: 3.0}  # y = 2x + 1
     assert values(from_b) == {0: 5.0, 1: 7.0, 2: 9.0}
@@ -223,7 +216,7 @@ async def test_batches_merge_only_with_the_same_model_version_outputs_and_padded
     try:
         await hold_device(runner, gated, stream)
         for message in waiting:
-            runner.submit(message, stream)
+            runner.submit([message], stream)
         gated.gate.set()
         answered = {r.batch_id: r for r in await results(stream, 1 + len(waiting))}
     finally:
@@ -247,8 +240,8 @@ async def test_a_merged_forward_stays_within_max_batch_size() -> None:
     runner.start()
     try:
         await hold_device(runner, gated, stream)
-        for batch_id, items in ((1, [1, 2, 3]), (2, [4, 5]), (3, [6])):
-            runner.submit(batch(batch_id, items), stream)
+        for batch_id, ids in ((1, [1, 2, 3]), (2, [4, 5]), (3, [6])):
+            runner.submit([batch(batch_id, ids)], stream)
         gated.gate.set()
         await results(stream, 4)
     finally:
@@ -264,18 +257,18 @@ async def test_at_capacity_a_batch_is_refused_at_once_and_never_executed() -> No
     runner.start()
     try:
         await hold_device(runner, gated, a)
-        runner.submit(batch(1, [1, 2]), a)
-        runner.submit(batch(1, [1, 2, 3]), b)  # a third batch, from another router
+        runner.submit([batch(1, [1, 2])], a)
+        runner.submit([batch(1, [1, 2, 3])], b)  # a third batch, from another router
         [refused] = await results(b, 1)  # answered while the device is still held
         assert not gated.gate.is_set()
         gated.gate.set()
         [_, accepted] = await results(a, 2)
-        runner.submit(batch(2, [1]), b)  # room again once answered
+        runner.submit([batch(2, [1])], b)  # room again once answered
         [later] = await results(b, 1)
     finally:
         await runner.stop()
-    assert refused.batch_id == 1 and [i.item_id for i in refused.items] == [1, 2, 3]
-    errors = {(i.error.code, i.error.reason, i.error.worker_fault) for i in refused.items}
+    assert refused.batch_id == 1 and [i.item_id for i in items(refused)] == [1, 2, 3]
+    errors = {(i.error.code, i.error.reason, i.error.worker_fault) for i in items(refused)}
     assert errors == {(Code.UNAVAILABLE, WORKER_BUSY, False)}
     assert (refused.executed_size, refused.forward_rows, refused.queued_batches, refused.queued_rows) == (
         0, 0, 2, 3
@@ -293,16 +286,16 @@ async def test_every_answer_carries_the_queue_left_on_all_streams() -> None:
     runner.start()
     try:
         await hold_device(runner, gated, a)
-        runner.submit(batch(1, [1, 2]), a)
-        runner.submit(batch(1, [1]), b)  # merges with a's batch 1
-        runner.submit(batch(2, [1, 2, 3], model="other"), b)
+        runner.submit([batch(1, [1, 2])], a)
+        runner.submit([batch(1, [1])], b)  # merges with a's batch 1
+        runner.submit([batch(2, [1, 2, 3], model="other")], b)
         gated.gate.set()
         [held, merged_a] = await results(a, 2)
         [merged_b, last] = await results(b, 2)
     finally:
         await runner.stop()
     answers = (held, merged_a, merged_b, last)
-    assert {(r.batch_id, len(r.items)): (r.queued_batches, r.queued_rows) for r in answers} == {
+    assert {(r.batch_id, len(items(r))): (r.queued_batches, r.queued_rows) for r in answers} == {
         (999, 1): (3, 6),  # the three batches behind the held one, on both streams
         (1, 2): (1, 3),  # the merged pair excluded: only `other` is left
         (1, 1): (1, 3),
@@ -348,7 +341,7 @@ async def test_item_errors_say_whether_the_worker_is_to_blame_and_why() -> None:
     unknown = batch(3, [1], model="absent")
     answered = await run_batches(runner, only_bad, on_broken, unknown, stream=StreamState())
     blame = {
-        r.batch_id: [(i.error.code, i.error.worker_fault, i.error.reason) for i in r.items] for r in answered
+        r.batch_id: [(i.error.code, i.error.worker_fault, i.error.reason) for i in items(r)] for r in answered
     }
     assert blame == {
         1: [(Code.INTERNAL, False, "model_error")] * 2,  # the model runs its canary: the client's doing
@@ -371,7 +364,7 @@ async def test_after_a_device_fault_only_the_faulted_forward_is_answered() -> No
     try:
         await hold_device(runner, gated, stream)
         for message in (poisoned(1, [1.0, 7.0]), poisoned(2, [1.0]), poisoned(3, [2.0], model="other")):
-            runner.submit(message, stream)
+            runner.submit([message], stream)
         gated.gate.set()
         [_, first, second] = await results(stream, 3)
         assert await runner.wait_idle(within_s=5)
@@ -379,8 +372,8 @@ async def test_after_a_device_fault_only_the_faulted_forward_is_answered() -> No
         await runner.stop()
     assert (first.batch_id, second.batch_id) == (1, 2)  # merged: both met the fault, both are answered
     for result in (first, second):
-        assert {(i.error.code, i.error.worker_fault) for i in result.items} == {(Code.INTERNAL, True)}
-    assert "device-side assert" in first.items[0].error.message
+        assert {(i.error.code, i.error.worker_fault) for i in items(result)} == {(Code.INTERNAL, True)}
+    assert "device-side assert" in items(first)[0].error.message
     assert len(faults) == 1 and faults[0].reason == "device_fault"
     assert stream.outbox.empty()  # batch 3 is never answered: routers re-dispatch it
     assert backend.rows == [3] and untouched.rows == []  # nor run: the device is never touched again
@@ -396,7 +389,7 @@ async def test_cancels_are_kept_only_for_items_the_worker_holds_and_forgotten_on
     runner.start()
     try:
         await hold_device(runner, gated, stream)
-        runner.submit(batch(1, [1, 2]), stream)
+        runner.submit([batch(1, [1, 2])], stream)
         stream.cancel([1, *range(10_000, 20_000)])  # one held item, and ids this worker never saw
         assert stream.cancelled == {1} and stream.held == {999, 1, 2}
         gated.gate.set()
@@ -404,6 +397,108 @@ async def test_cancels_are_kept_only_for_items_the_worker_holds_and_forgotten_on
         stream.cancel([0, 2, 999])  # late: every one of them was answered already
     finally:
         await runner.stop()
-    by_id = {item.item_id: item for item in result.items}
-    assert by_id[1].error.code == Code.CANCELLED and not by_id[2].HasField("error")
+    by_id = {item.item_id: item for item in items(result)}
+    assert by_id[1].error.code == Code.CANCELLED and not by_id[2].failed
     assert stream.cancelled == set() and stream.held == set()
+
+
+async def test_a_malformed_batch_fails_every_item_invalid_and_never_runs() -> None:
+    backend = RecordingBackend()
+    runner, _ = make_runner({("toy", "1"): fake_model(synthetic_config(), backend)})
+    short = batch(1, [1, 2])
+    short.inputs[0].data = short.inputs[0].data[:-4]  # the buffer disagrees with the items' shapes
+    uneven = batch(2, [1, 2])
+    del uneven.budgets_us[1:]
+    answered = await run_batches(runner, short, uneven, stream=StreamState())
+    for result in answered:
+        errors = [(e.item_id, e.code, e.reason, e.worker_fault) for e in result.errors]
+        assert errors == [
+            (1, Code.INVALID_ARGUMENT, "bad_batch", False),
+            (2, Code.INVALID_ARGUMENT, "bad_batch", False),
+        ]
+        assert not result.item_ids and not result.outputs
+    assert backend.calls == []
+
+
+async def test_the_answers_of_one_forward_to_one_stream_travel_in_one_message() -> None:
+    models, gated = gated_models(toy=fake_model(synthetic_config(), RecordingBackend()))
+    runner, _ = make_runner(models, capacity=3)
+    stream = StreamState()
+    runner.start()
+    try:
+        await hold_device(runner, gated, stream)
+        runner.submit([batch(1, [1]), batch(2, [2, 3]), batch(3, [4])], stream)  # the third is one too many
+        [refused] = (await asyncio.wait_for(stream.outbox.get(), 5)).results  # type: ignore[union-attr]
+        gated.gate.set()
+        await results(stream, 1)  # the held batch
+        message = await asyncio.wait_for(stream.outbox.get(), 5)
+    finally:
+        await runner.stop()
+    assert refused.batch_id == 3 and refused.errors[0].reason == WORKER_BUSY
+    assert message is not None and [r.batch_id for r in message.results] == [1, 2]  # merged, one message
+    assert [first_values(r) for r in message.results] == [{1: 2.0}, {2: 3.0, 3: 4.0}]
+    assert [list(r.item_rows) for r in message.results] == [[1], [1, 1]]
+
+
+async def test_items_of_different_lengths_in_one_batch_come_back_ragged() -> None:
+    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
+    seq = synthetic_config("seq", inputs=variable, outputs=[{**variable[0], "name": "y"}])
+    seq.update(backend="torchscript", synthetic=None)  # a real backend may return variable dims
+    counting = CountingBackend(RecordingBackend())
+    runner, _ = make_runner({("seq", "1"): fake_model(seq, counting)})
+    lengths = {1: 3, 2: 5, 3: 3}
+    ragged = packed_batch(1, "seq", "1", [(i, {"x": np.full((1, n), i, "<f4")}) for i, n in lengths.items()])
+    assert ragged.inputs[0].ragged
+    [result] = await run_batches(runner, ragged, stream=StreamState())
+    assert sorted(counting.rows) == [1, 2]  # no buckets: one forward per length
+    assert result.outputs[0].ragged and result.executed_size == 3
+    got = {view.item_id: view.outputs[0] for view in items(result)}
+    for item_id, length in lengths.items():
+        np.testing.assert_array_equal(got[item_id], np.full((1, length), item_id + 1, "<f4"))
+
+
+async def test_forwards_on_the_loop_merge_answer_and_skip_as_on_the_device_thread() -> None:
+    counting = CountingBackend(RecordingBackend())
+    runner, metrics = make_runner(
+        {("toy", "1"): fake_model(synthetic_config(), counting)}, forward_on_loop=True
+    )
+    a, b = StreamState(), StreamState()
+    runner.start()
+    try:
+        runner.submit([batch(1, [1, 2]), batch(2, [3])], a)  # one stream message: both wait, then merge
+        runner.submit([batch(1, [1], offset=10)], b)
+        b.cancel([1])
+        message = await asyncio.wait_for(a.outbox.get(), 5)
+        [from_b] = await results(b, 1)
+        assert await runner.wait_idle(within_s=5)
+    finally:
+        await runner.stop()
+    assert counting.rows == [3]  # b's only item was cancelled before its forward: skipped, not run
+    assert message is not None and [first_values(r) for r in message.results] == [{1: 2.0, 2: 3.0}, {3: 4.0}]
+    assert [(e.item_id, e.code) for e in from_b.errors] == [(1, Code.CANCELLED)]
+    assert sample(metrics, "sluice_worker_batches_total", model="toy") == 3
+
+
+async def test_an_invalid_item_fails_alone_though_the_batch_is_checked_as_a_whole() -> None:
+    ranged = synthetic_config(inputs=[{"name": "x", "datatype": "INT32", "dims": [4], "range": [0, 10]}])
+    counting = CountingBackend(RecordingBackend())
+    runner, _ = make_runner({("toy", "1"): fake_model(ranged, counting)})
+
+    def tokens(batch_id: int, values: Sequence[int]) -> worker_pb2.Batch:
+        rows = [(v, {"x": np.full((1, 4), v, "<i4")}) for v in values]
+        return packed_batch(batch_id, "toy", "1", rows)
+
+    in_range = tokens(1, [1, 2, 3])  # checked once for all three
+    one_out = tokens(2, [4, 50, 6])  # 50 is out of range: only that item fails
+    empty_item = tokens(3, [7, 8])
+    empty_item.item_rows[1] = 0  # an item of no rows (the buffer holding only the other's row)
+    empty_item.inputs[0].data = empty_item.inputs[0].data[:16]
+    answered = await run_batches(runner, in_range, one_out, empty_item, stream=StreamState())
+    assert [first_values(r) for r in answered] == [{1: 2.0, 2: 3.0, 3: 4.0}, {4: 5.0, 6: 7.0}, {7: 8.0}]
+    errors = [[(e.item_id, e.code, e.reason) for e in r.errors] for r in answered]
+    assert errors == [
+        [],
+        [(50, Code.INVALID_ARGUMENT, "out_of_range")],
+        [(8, Code.INVALID_ARGUMENT, "bad_shape")],
+    ]
+    assert sum(counting.rows) == 6  # the two invalid items never reached the device

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"2\n\x11IdentityChallenge\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"n\n\rIdentityProof\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x14\n\x0ctoken_proofs\x18\x03 \x03(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"M\n\x04Item\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12\x11\n\tbudget_us\x18\x03 \x01(\x03\"\xda\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1e\n\x05items\x18\x04 \x03(\x0b\x32\x0f.sluice.v1.Item\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x39\n\rtrace_context\x18\x06 \x03(\x0b\x32\".sluice.v1.Batch.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"_\n\rRouterMessage\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.sluice.v1.BatchH\x00\x12#\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.CancelH\x00\x42\x06\n\x04kind\"P\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0cworker_fault\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"f\n\nItemResult\x12\x0f\n\x07item_id\x18\x01 \x01(\x04\x12\"\n\x07outputs\x18\x02 \x03(\x0b\x32\x11.sluice.v1.Tensor\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ItemError\"\xc5\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sluice.v1.ItemResult\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\x12\x16\n\x0equeued_batches\x18\x06 \x01(\r\x12\x13\n\x0bqueued_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x66orward_rows\x18\x08 \x01(\r\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"h\n\rWorkerMessage\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x16.sluice.v1.BatchResultH\x00\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReportH\x00\x42\x06\n\x04kind*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x32V\n\x0f\x43lusterIdentity\x12\x43\n\tChallenge\x12\x1c.sluice.v1.IdentityChallenge\x1a\x18.sluice.v1.IdentityProofb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/worker.proto\x12\tsluice.v1\"2\n\x11IdentityChallenge\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"n\n\rIdentityProof\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x14\n\x0ctoken_proofs\x18\x03 \x03(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"^\n\x0b\x42\x61tchTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\x11\n\trow_shape\x18\x03 \x03(\x03\x12\x0e\n\x06ragged\x18\x04 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\xa8\x02\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x39\n\rtrace_context\x18\x06 \x03(\x0b\x32\".sluice.v1.Batch.TraceContextEntry\x12\x10\n\x08item_ids\x18\x07 \x03(\x04\x12\x11\n\titem_rows\x18\x08 \x03(\r\x12\x12\n\nbudgets_us\x18\t \x03(\x03\x12&\n\x06inputs\x18\n \x03(\x0b\x32\x16.sluice.v1.BatchTensor\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x04\x10\x05R\x05items\"\x1a\n\x06\x43\x61ncel\x12\x10\n\x08item_ids\x18\x01 \x03(\x04\"b\n\rRouterMessage\x12!\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x11.sluice.v1.Cancel\x12!\n\x07\x62\x61tches\x18\x03 \x03(\x0b\x32\x10.sluice.v1.BatchJ\x04\x08\x01\x10\x02R\x05\x62\x61tch\"a\n\tItemError\x12\x0f\n\x07item_id\x18\x05 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0cworker_fault\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xa0\x02\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x10\n\x08item_ids\x18\t \x03(\x04\x12\x11\n\titem_rows\x18\n \x03(\r\x12\'\n\x07outputs\x18\x0b \x03(\x0b\x32\x16.sluice.v1.BatchTensor\x12$\n\x06\x65rrors\x18\x0c \x03(\x0b\x32\x14.sluice.v1.ItemError\x12\x15\n\rexecuted_size\x18\x03 \x01(\r\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\nexecute_us\x18\x05 \x01(\x03\x12\x16\n\x0equeued_batches\x18\x06 \x01(\r\x12\x13\n\x0bqueued_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x66orward_rows\x18\x08 \x01(\rJ\x04\x08\x02\x10\x03R\x05items\"\x8b\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.sluice.v1.WorkerState\x12\x16\n\x0equeued_batches\x18\x03 \x01(\r\x12\x14\n\x0cqueued_items\x18\x04 \x01(\r\x12\x15\n\rbusy_fraction\x18\x05 \x01(\x01\"k\n\rWorkerMessage\x12#\n\x04load\x18\x02 \x01(\x0b\x32\x15.sluice.v1.LoadReport\x12\'\n\x07results\x18\x03 \x03(\x0b\x32\x16.sluice.v1.BatchResultJ\x04\x08\x01\x10\x02R\x06result*y\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32J\n\x06Worker\x12@\n\x06Stream\x12\x18.sluice.v1.RouterMessage\x1a\x18.sluice.v1.WorkerMessage(\x01\x30\x01\x32V\n\x0f\x43lusterIdentity\x12\x43\n\tChallenge\x12\x1c.sluice.v1.IdentityChallenge\x1a\x18.sluice.v1.IdentityProofb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,36 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BATCH_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_BATCH_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=1331
-  _globals['_WORKERSTATE']._serialized_end=1452
+  _globals['_WORKERSTATE']._serialized_start=1365
+  _globals['_WORKERSTATE']._serialized_end=1486
   _globals['_IDENTITYCHALLENGE']._serialized_start=37
   _globals['_IDENTITYCHALLENGE']._serialized_end=87
   _globals['_IDENTITYPROOF']._serialized_start=89
   _globals['_IDENTITYPROOF']._serialized_end=199
-  _globals['_TENSOR']._serialized_start=201
-  _globals['_TENSOR']._serialized_end=270
-  _globals['_ITEM']._serialized_start=272
-  _globals['_ITEM']._serialized_end=349
-  _globals['_BATCH']._serialized_start=352
-  _globals['_BATCH']._serialized_end=570
-  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_start=519
-  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_end=570
-  _globals['_CANCEL']._serialized_start=572
-  _globals['_CANCEL']._serialized_end=598
-  _globals['_ROUTERMESSAGE']._serialized_start=600
-  _globals['_ROUTERMESSAGE']._serialized_end=695
-  _globals['_ITEMERROR']._serialized_start=697
-  _globals['_ITEMERROR']._serialized_end=777
-  _globals['_ITEMRESULT']._serialized_start=779
-  _globals['_ITEMRESULT']._serialized_end=881
-  _globals['_BATCHRESULT']._serialized_start=884
-  _globals['_BATCHRESULT']._serialized_end=1081
-  _globals['_LOADREPORT']._serialized_start=1084
-  _globals['_LOADREPORT']._serialized_end=1223
-  _globals['_WORKERMESSAGE']._serialized_start=1225
-  _globals['_WORKERMESSAGE']._serialized_end=1329
-  _globals['_WORKER']._serialized_start=1454
-  _globals['_WORKER']._serialized_end=1528
-  _globals['_CLUSTERIDENTITY']._serialized_start=1530
-  _globals['_CLUSTERIDENTITY']._serialized_end=1616
+  _globals['_BATCHTENSOR']._serialized_start=201
+  _globals['_BATCHTENSOR']._serialized_end=295
+  _globals['_BATCH']._serialized_start=298
+  _globals['_BATCH']._serialized_end=594
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_start=530
+  _globals['_BATCH_TRACECONTEXTENTRY']._serialized_end=581
+  _globals['_CANCEL']._serialized_start=596
+  _globals['_CANCEL']._serialized_end=622
+  _globals['_ROUTERMESSAGE']._serialized_start=624
+  _globals['_ROUTERMESSAGE']._serialized_end=722
+  _globals['_ITEMERROR']._serialized_start=724
+  _globals['_ITEMERROR']._serialized_end=821
+  _globals['_BATCHRESULT']._serialized_start=824
+  _globals['_BATCHRESULT']._serialized_end=1112
+  _globals['_LOADREPORT']._serialized_start=1115
+  _globals['_LOADREPORT']._serialized_end=1254
+  _globals['_WORKERMESSAGE']._serialized_start=1256
+  _globals['_WORKERMESSAGE']._serialized_end=1363
+  _globals['_WORKER']._serialized_start=1488
+  _globals['_WORKER']._serialized_end=1562
+  _globals['_CLUSTERIDENTITY']._serialized_start=1564
+  _globals['_CLUSTERIDENTITY']._serialized_end=1650
 # @@protoc_insertion_point(module_scope)

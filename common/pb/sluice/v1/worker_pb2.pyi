@@ -8,6 +8,9 @@ with exactly one BatchResult carrying an outcome for every item (and the worker'
 sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
 by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
 nothing by them beyond the stream they came on).
+Items travel packed: one buffer per input per batch, one per output per answer, ids, rows and budgets
+as packed lists, errors only for items that failed. This replaced per-item messages without a
+compatibility path: routers and workers of one cluster are upgraded together.
 """
 
 from collections import abc as _abc
@@ -109,64 +112,46 @@ class IdentityProof(_message.Message):
 Global___IdentityProof: _TypeAlias = IdentityProof  # noqa: Y015
 
 @_typing.final
-class Tensor(_message.Message):
-    """A dense tensor: elements in row-major order, little-endian, in `data`."""
+class BatchTensor(_message.Message):
+    """One input (or output) of all a batch's items as one buffer: the items' rows concatenated along the batch
+    dim, item after item in the batch's order, each row-major and little-endian. One tensor per name per batch,
+    whatever the number of items, so the cost of the hop is per batch, not per item.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     DATATYPE_FIELD_NUMBER: _builtins.int
-    SHAPE_FIELD_NUMBER: _builtins.int
+    ROW_SHAPE_FIELD_NUMBER: _builtins.int
+    RAGGED_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     datatype: _builtins.str
+    ragged: _builtins.bool
     data: _builtins.bytes
     @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def row_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The dims of one row (a tensor's shape without its batch dim), shared by every item; or, when `ragged`,
+        each item's row dims one item after another (variable dims within a shape bucket may differ), so an
+        item's rank is len(row_shape) / the number of items.
+        """
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         datatype: _builtins.str = ...,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
+        row_shape: _abc.Iterable[_builtins.int] | None = ...,
+        ragged: _builtins.bool = ...,
         data: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "datatype", b"datatype", "name", b"name", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "datatype", b"datatype", "name", b"name", "ragged", b"ragged", "row_shape", b"row_shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Tensor: _TypeAlias = Tensor  # noqa: Y015
-
-@_typing.final
-class Item(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ITEM_ID_FIELD_NUMBER: _builtins.int
-    INPUTS_FIELD_NUMBER: _builtins.int
-    BUDGET_US_FIELD_NUMBER: _builtins.int
-    item_id: _builtins.int
-    budget_us: _builtins.int
-    """Time left before the item's deadline when the router sent it, in microseconds (0: no deadline).
-    Relative, because the router's and the worker's monotonic clocks cannot be compared.
-    """
-    @_builtins.property
-    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]: ...
-    def __init__(
-        self,
-        *,
-        item_id: _builtins.int = ...,
-        inputs: _abc.Iterable[Global___Tensor] | None = ...,
-        budget_us: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_us", b"budget_us", "inputs", b"inputs", "item_id", b"item_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Item: _TypeAlias = Item  # noqa: Y015
+Global___BatchTensor: _TypeAlias = BatchTensor  # noqa: Y015
 
 @_typing.final
 class Batch(_message.Message):
@@ -195,14 +180,15 @@ class Batch(_message.Message):
     BATCH_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
-    ITEMS_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    ITEM_IDS_FIELD_NUMBER: _builtins.int
+    ITEM_ROWS_FIELD_NUMBER: _builtins.int
+    BUDGETS_US_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     model: _builtins.str
     version: _builtins.str
-    @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Item]: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Output names to return; empty means every output of the model."""
@@ -210,8 +196,24 @@ class Batch(_message.Message):
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """W3C trace context (`traceparent`, `tracestate`) of the router's batch span: the worker's execute
-        span becomes its child. Empty when tracing is off.
+        span becomes its child. Empty when tracing is off or the batch is not sampled.
         """
+
+    @_builtins.property
+    def item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The items, in order: their ids (chosen by the router, unique within a stream), their rows (the
+        leading dim of each of their inputs) and the time left before each one's deadline when the router
+        sent it, in microseconds (0: no deadline). Budgets are relative because the router's and the worker's
+        monotonic clocks cannot be compared. The three lists have one entry per item.
+        """
+
+    @_builtins.property
+    def item_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def budgets_us(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchTensor]:
+        """One tensor per input name, holding every item's rows (`item_rows`) in item order."""
 
     def __init__(
         self,
@@ -219,13 +221,16 @@ class Batch(_message.Message):
         batch_id: _builtins.int = ...,
         model: _builtins.str = ...,
         version: _builtins.str = ...,
-        items: _abc.Iterable[Global___Item] | None = ...,
         outputs: _abc.Iterable[_builtins.str] | None = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        item_ids: _abc.Iterable[_builtins.int] | None = ...,
+        item_rows: _abc.Iterable[_builtins.int] | None = ...,
+        budgets_us: _abc.Iterable[_builtins.int] | None = ...,
+        inputs: _abc.Iterable[Global___BatchTensor] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "items", b"items", "model", b"model", "outputs", b"outputs", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "budgets_us", b"budgets_us", "inputs", b"inputs", "item_ids", b"item_ids", "item_rows", b"item_rows", "model", b"model", "outputs", b"outputs", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,7 +239,7 @@ Global___Batch: _TypeAlias = Batch  # noqa: Y015
 @_typing.final
 class Cancel(_message.Message):
     """Items the router no longer wants (client cancelled, deadline passed). The worker skips any it has not
-    started and sends no outputs for them; their ItemResult carries CANCELLED.
+    started and sends no outputs for them; they come back as errors with CANCELLED.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -257,27 +262,30 @@ Global___Cancel: _TypeAlias = Cancel  # noqa: Y015
 
 @_typing.final
 class RouterMessage(_message.Message):
+    """What a router sends in one write: the batches it cut for this worker in one decision (coalesced, so a
+    tick that cuts several costs one stream message), and items it gives up on. The worker applies the
+    cancellation first.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    BATCH_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def batch(self) -> Global___Batch: ...
+    BATCHES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def cancel(self) -> Global___Cancel: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Batch]: ...
     def __init__(
         self,
         *,
-        batch: Global___Batch | None = ...,
         cancel: Global___Cancel | None = ...,
+        batches: _abc.Iterable[Global___Batch] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "cancel", b"cancel"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["batch", "cancel"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouterMessage: _TypeAlias = RouterMessage  # noqa: Y015
 
@@ -287,10 +295,13 @@ class ItemError(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    ITEM_ID_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     WORKER_FAULT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.int
+    """The item that failed."""
     code: _builtins.int
     message: _builtins.str
     worker_fault: _builtins.bool
@@ -299,7 +310,6 @@ class ItemError(_message.Message):
     does not serve. Routers count these against the worker's health (circuit breaker). False: the item's
     own fault (invalid input, or the model failed it alone while still passing the canary), or a
     cancellation or deadline: nothing about the worker's health, so never counted against it.
-    Workers that predate the field never set it: their failures read as not the worker's fault.
     """
     reason: _builtins.str
     """Machine-readable cause, snake_case (the worker's SluiceError reason). "worker_busy" (code UNAVAILABLE,
@@ -307,11 +317,11 @@ class ItemError(_message.Message):
     answered this batch at once without running any of it; place it on another worker (or retry this
     one later) and never count it against this worker's health. Others name what failed, e.g.
     "model_error", "worker_fault", "device_fault", "bad_shape", "cancelled", "deadline_exceeded".
-    Empty from workers that predate the field.
     """
     def __init__(
         self,
         *,
+        item_id: _builtins.int = ...,
         code: _builtins.int = ...,
         message: _builtins.str = ...,
         worker_fault: _builtins.bool = ...,
@@ -319,47 +329,21 @@ class ItemError(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "worker_fault", b"worker_fault"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "item_id", b"item_id", "message", b"message", "reason", b"reason", "worker_fault", b"worker_fault"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ItemError: _TypeAlias = ItemError  # noqa: Y015
 
 @_typing.final
-class ItemResult(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ITEM_ID_FIELD_NUMBER: _builtins.int
-    OUTPUTS_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
-    item_id: _builtins.int
-    @_builtins.property
-    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]: ...
-    @_builtins.property
-    def error(self) -> Global___ItemError:
-        """Set when this item did not succeed; then `outputs` is empty."""
-
-    def __init__(
-        self,
-        *,
-        item_id: _builtins.int = ...,
-        outputs: _abc.Iterable[Global___Tensor] | None = ...,
-        error: Global___ItemError | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "item_id", b"item_id", "outputs", b"outputs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ItemResult: _TypeAlias = ItemResult  # noqa: Y015
-
-@_typing.final
 class BatchResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BATCH_ID_FIELD_NUMBER: _builtins.int
-    ITEMS_FIELD_NUMBER: _builtins.int
+    ITEM_IDS_FIELD_NUMBER: _builtins.int
+    ITEM_ROWS_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
     EXECUTED_SIZE_FIELD_NUMBER: _builtins.int
     QUEUE_US_FIELD_NUMBER: _builtins.int
     EXECUTE_US_FIELD_NUMBER: _builtins.int
@@ -397,12 +381,26 @@ class BatchResult(_message.Message):
     0 when nothing of it ran.
     """
     @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ItemResult]: ...
+    def item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Every item of the batch has an outcome: it is listed in `errors` (sparse: only failed items), or in
+        `item_ids`, with its rows in `item_rows` and its rows of each output in `outputs` (one tensor per
+        output name, the listed items' rows concatenated in the order listed).
+        """
+
+    @_builtins.property
+    def item_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchTensor]: ...
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ItemError]: ...
     def __init__(
         self,
         *,
         batch_id: _builtins.int = ...,
-        items: _abc.Iterable[Global___ItemResult] | None = ...,
+        item_ids: _abc.Iterable[_builtins.int] | None = ...,
+        item_rows: _abc.Iterable[_builtins.int] | None = ...,
+        outputs: _abc.Iterable[Global___BatchTensor] | None = ...,
+        errors: _abc.Iterable[Global___ItemError] | None = ...,
         executed_size: _builtins.int = ...,
         queue_us: _builtins.int = ...,
         execute_us: _builtins.int = ...,
@@ -412,7 +410,7 @@ class BatchResult(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "execute_us", b"execute_us", "executed_size", b"executed_size", "forward_rows", b"forward_rows", "items", b"items", "queue_us", b"queue_us", "queued_batches", b"queued_batches", "queued_rows", b"queued_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "errors", b"errors", "execute_us", b"execute_us", "executed_size", b"executed_size", "forward_rows", b"forward_rows", "item_ids", b"item_ids", "item_rows", b"item_rows", "outputs", b"outputs", "queue_us", b"queue_us", "queued_batches", b"queued_batches", "queued_rows", b"queued_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -455,26 +453,28 @@ Global___LoadReport: _TypeAlias = LoadReport  # noqa: Y015
 
 @_typing.final
 class WorkerMessage(_message.Message):
+    """What a worker sends in one write: the answers to the batches of one forward that came on this stream
+    (coalesced, one message however many batches the forward merged), or a load report.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    RESULT_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def result(self) -> Global___BatchResult: ...
+    RESULTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___LoadReport: ...
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchResult]: ...
     def __init__(
         self,
         *,
-        result: Global___BatchResult | None = ...,
         load: Global___LoadReport | None = ...,
+        results: _abc.Iterable[Global___BatchResult] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "load", b"load", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "load", b"load", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["result", "load"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerMessage: _TypeAlias = WorkerMessage  # noqa: Y015

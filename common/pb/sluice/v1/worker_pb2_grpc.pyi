@@ -8,6 +8,9 @@ with exactly one BatchResult carrying an outcome for every item (and the worker'
 sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
 by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
 nothing by them beyond the stream they came on).
+Items travel packed: one buffer per input per batch, one per output per answer, ids, rows and budgets
+as packed lists, errors only for items that failed. This replaced per-item messages without a
+compatibility path: routers and workers of one cluster are upgraded together.
 """
 
 from collections import abc as _abc
