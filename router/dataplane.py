@@ -93,11 +93,11 @@ class DriverBackend:
 
     def serves(self, model: str, version: str) -> bool:
         """Whether some accepting worker has this model version."""
-        return self._driver.core.serves(model, version)
+        return self._driver.core.view.serves(model, version)
 
     def ready(self, now: float) -> bool:
         """The decision loop is healthy and some worker accepts batches."""
-        return self._driver.healthy(now) and any(w.accepting for w in self._driver.core.workers)
+        return self._driver.healthy(now) and self._driver.core.view.any_accepting()
 
     def charge(self, tenant: Tenant) -> None:
         """One of the tenant's rate tokens (`Driver.charge`)."""

@@ -278,16 +278,16 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
     ) -> admin_pb2.ListWorkersResponse:
         """Every worker in etcd with its stream state and load."""
         response = admin_pb2.ListWorkersResponse()
+        core = self._driver.core.view
         for worker_id, record in sorted(self._membership.records.items()):
             view = response.workers.add(
                 worker_id=worker_id,
                 addr=record.addr,
                 device=record.device,
                 state=_STATE[record.state],
-                in_flight_batches=self._driver.core.in_flight_on(worker_id),
+                in_flight_batches=core.in_flight_on(worker_id),
                 connected=self._membership.load_of(worker_id) is not None,
             )
-            estimates = self._driver.core.estimates
             for model in record.models:
                 view.models.add(
                     name=model.name,
@@ -298,13 +298,13 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                 view.estimates.add(
                     model=model.name,
                     version=model.version,
-                    seconds_one=estimates.batch_seconds(model.name, model.version, 1, worker_id),
-                    seconds_full=estimates.batch_seconds(
+                    seconds_one=core.batch_seconds(model.name, model.version, 1, worker_id),
+                    seconds_full=core.batch_seconds(
                         model.name, model.version, model.max_batch_size, worker_id
                     ),
                     max_batch_size=model.max_batch_size,
                 )
-            view.breaker_open = not self._driver.core.breaker.allows(worker_id, self._clock.now())
+            view.breaker_open = core.breaker_open(worker_id, self._clock.now())
             load = self._membership.load_of(worker_id)
             if load is not None:
                 view.load.CopyFrom(load)
@@ -313,22 +313,20 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
     async def GetStats(self, request: admin_pb2.GetStatsRequest, context: Context) -> admin_pb2.RouterStats:
         """Lanes, per-model rates and latencies, the autoscaling signal and cache counters."""
         now = self._clock.now()
-        core = self._driver.core
+        core = self._driver.core.view
         stats = admin_pb2.RouterStats(router_id=self._router_id(), routers=self._peers.routers)
-        for lane in sorted(core.queues.lanes.values(), key=lambda ln: ln.key):
-            oldest = lane.oldest_arrival()
-            lane_stats = core.queues.stats.get(lane.key)
+        for lane in core.lanes(now):
             stats.lanes.add(
                 model=lane.key.model,
                 version=lane.key.version,
                 shape=",".join(f"{name}{list(dims)}" for name, dims in lane.key.shape),
-                depth=len(lane),
-                oldest_age_s=0.0 if oldest is None else now - oldest,
-                arrival_rate=0.0 if lane_stats is None else lane_stats.rate(now),
+                depth=lane.depth,
+                oldest_age_s=lane.oldest_age_s,
+                arrival_rate=lane.arrival_rate,
             )
         for model in sorted(set(self._catalog.names()) | set(self._live.models())):
             window = self._live.window(model, now)
-            ready = sum(1 for w in core.workers if w.accepting and any(name == model for name, _ in w.models))
+            ready = core.ready_workers(model)
             stats.models.add(
                 model=model,
                 request_rate=window.request_rate,
@@ -356,9 +354,9 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
         self, request: admin_pb2.ListTenantsRequest, context: Context
     ) -> admin_pb2.ListTenantsResponse:
         """Quotas and this router's usage."""
-        limiter = self._driver.core.admission.limiter
-        levels = limiter.levels(self._clock.now())
-        response = admin_pb2.ListTenantsResponse(routers=limiter.routers)
+        core = self._driver.core.view
+        usage = core.tenants(self._clock.now())
+        response = admin_pb2.ListTenantsResponse(routers=core.routers())
         directory = self._peers.current_directory()
         for name in directory.names():
             tenant = directory.get(name)
@@ -372,9 +370,9 @@ class RouterAdminServicer(admin_pb2_grpc.RouterAdminServicer):
                 weight=s.weight,
                 default_priority=s.default_priority,
                 max_priority=s.max_priority,
-                inflight_share=limiter.inflight_cap(name) or 0,
-                inflight=limiter.inflight.get(name, 0),
-                tokens=levels.get(name, 0.0),
+                inflight_share=core.inflight_cap(name) or 0,
+                inflight=core.inflight(name),
+                tokens=usage[name].tokens if name in usage else 0.0,
                 models=s.models,
             )
         return response

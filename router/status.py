@@ -186,15 +186,15 @@ class StatusLoop:
             self._exported_watch[watch.name] = now
 
     async def _set_health(self) -> None:
-        core = self._driver.core
+        view = self._driver.core.view
         watching = all(watch.running for watch in self._watches)
-        ready = not self.core_stuck and watching and any(w.accepting for w in core.workers)
+        ready = not self.core_stuck and watching and view.any_accepting()
         statuses = {service: SERVING if ready else NOT_SERVING for service in ("", INFERENCE_SERVICE)}
         for name in self._catalog.names():
             model_ready = (
                 not self.core_stuck
                 and watching
-                and any(core.serves(name, v) for v in self._catalog.versions(name))
+                and any(view.serves(name, v) for v in self._catalog.versions(name))
             )
             statuses[f"model/{name}"] = SERVING if model_ready else NOT_SERVING
         for service, status in statuses.items():
@@ -203,24 +203,21 @@ class StatusLoop:
                 self._health_set[service] = status
 
     def _export_queues(self, now: float) -> None:
-        core = self._driver.core
-        queued = core.queues.by_version(now)  # one step per non-empty lane, not per shape ever seen
+        view = self._driver.core.view
+        queued = view.queued_by_version(now)  # one step per non-empty lane, not per shape ever seen
         for name in self._catalog.names():
             for version in self._catalog.versions(name):
                 held = queued.get((name, version))
                 self._metrics.lane_depth.labels(name, version).set(held.depth if held else 0)
                 self._metrics.lane_oldest_age.labels(name, version).set(held.oldest_age_s if held else 0.0)
-        self._metrics.queued_bytes.set(core.queues.queued_bytes())
+        self._metrics.queued_bytes.set(view.queued_bytes())
         self._metrics.inflight_bytes.set(self._inflight_bytes.used)
-        self._metrics.in_flight_batches.set(len(core.in_flight))
-        accepting = sum(1 for w in core.workers if w.accepting)
+        accepting = view.accepting_count()
         self._metrics.workers.labels("true").set(accepting)
-        self._metrics.workers.labels("false").set(sum(1 for _ in core.workers) - accepting)
-        limiter = self._driver.core.admission.limiter
-        for tenant, level in limiter.levels(now).items():
-            self._metrics.token_level.labels(tenant).set(level)
-            share = limiter.shares.cluster if tenant == "*" else limiter.shares.of(tenant)
-            self._metrics.quota_share.labels(tenant).set(share)
+        self._metrics.workers.labels("false").set(view.worker_count() - accepting)
+        for tenant, usage in view.tenants(now).items():
+            self._metrics.token_level.labels(tenant).set(usage.tokens)
+            self._metrics.quota_share.labels(tenant).set(usage.share)
 
     def _export_cache(self) -> None:
         stats = self._cache.store.stats
@@ -230,14 +227,14 @@ class StatusLoop:
         self._metrics.etcd_up.set(1 if self._etcd_connected() else 0)
 
     def _export_desired(self, now: float) -> None:
-        core = self._driver.core
+        view = self._driver.core.view
         for name in self._catalog.names():
             record = self._catalog.resolve(name)
-            rows_per_s = core.queues.arrival_rate(name, now) * max(1, self._peers.routers)
-            ready = sum(1 for w in core.workers if w.accepting and any(m == name for m, _ in w.models))
+            rows_per_s = view.arrival_rate(name, now) * max(1, self._peers.routers)
+            ready = view.ready_workers(name)
 
             def seconds(rows: int, model: str = name, version: str = record.version) -> float:
-                return core.estimates.batch_seconds(model, version, rows)
+                return view.batch_seconds(model, version, rows)
 
             batch = record.max_batch_size
             load = ModelLoad(

@@ -4,6 +4,7 @@ dispatch, a hung worker is treated as lost, and a dead decision loop is noticed 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -13,7 +14,7 @@ from grpc_health.v1._async import HealthServicer
 from pydantic import SecretStr
 
 from sluice_inference.common.batch_tensors import pack_arrays
-from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.clock import Clock, FakeClock, MonotonicClock
 from sluice_inference.common.cluster_auth import ClusterClient
 from sluice_inference.common.config import (
     AdmissionSettings,
@@ -40,6 +41,7 @@ from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatch
 from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.door import Door
 from sluice_inference.router.policy.lanes import Lane
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.status import StatusLoop
@@ -299,7 +301,13 @@ async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLi
 
 
 def status_loop(
-    driver: Driver, health: HealthServicer, clock: MonotonicClock, watches: tuple[WatchHealth, ...] = ()
+    driver: Driver,
+    health: HealthServicer,
+    clock: Clock,
+    watches: tuple[WatchHealth, ...] = (),
+    *,
+    door: Door | None = None,
+    cpu_seconds: Callable[[], float] = time.process_time,
 ) -> StatusLoop:
     """The router's status pass over `driver`, with no etcd behind it."""
     metrics = RouterMetrics()
@@ -320,7 +328,46 @@ def status_loop(
         autoscale=AutoscaleSettings(),
         etcd_connected=lambda: False,
         clock=clock,
+        door=door,
+        cpu_seconds=cpu_seconds,
     )
+
+
+async def test_the_status_pass_hands_the_core_the_routers_cpu_per_batch_and_row_while_the_door_sees_it_short(
+    links: WorkerLinks,
+) -> None:
+    """The status pass fits the router's CPU against the batches and rows it cut (router/host_cost.py) and
+    tells the core, with the door's verdict. Here the "CPU" is what a known cost per batch and per row
+    would have spent on the batches really cut, so the fit must find those costs exactly."""
+    per_batch, per_row = 0.0004, 0.0001
+    driver = make_driver(links)
+    links.add(FakeLink("w1", driver))
+    join(driver, "w1")
+    status_clock = FakeClock(1000.0)
+    door = Door(max_delay_s=0.02)
+    cpu = [0.0]
+    status = status_loop(driver, HealthServicer(), status_clock, door=door, cpu_seconds=lambda: cpu[0])
+    driver.start()
+    try:
+        door.observe(0.015, 0.0)  # calls wait 15 ms for the router's code: past half the 20 ms bound
+        for concurrent in (1, 8, 1, 8, 3):
+            before = driver.core.view.sent()
+            await asyncio.gather(*(infer(driver) for _ in range(concurrent)))
+            await asyncio.gather(*(infer(driver) for _ in range(concurrent)))
+            batches, rows = (now - then for now, then in zip(driver.core.view.sent(), before, strict=True))
+            cpu[0] += per_batch * batches + per_row * rows
+            status_clock.advance(1.0)
+            await status.refresh()
+        host = driver.core.planner.host
+        assert host.constrained
+        assert host.batch_s == pytest.approx(per_batch, rel=1e-6)
+        assert host.row_s == pytest.approx(per_row, rel=1e-6)
+        door.observe(0.001, 1.0)  # the queue drained: the router's CPU is no longer the constraint
+        status_clock.advance(1.0)
+        await status.refresh()
+        assert not driver.core.planner.host.constrained
+    finally:
+        await driver.stop()
 
 
 async def overall_health(health: HealthServicer) -> int:
