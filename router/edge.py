@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,11 @@ def _deserializer(message_class: type[Message]) -> Callable[[bytes], Message | M
     return parse
 
 
+PASSED_DOOR: ContextVar[CallHead | None] = ContextVar("sluice_passed_door", default=None)
+"""The call's head once the receive gate (router/receive_gate.py) has let it through the door, so the
+doored handler it calls in the same task does not ask the door again."""
+
+
 def _unary(
     behavior: Callable[[Any, Any], Any], method: str, bodies: MalformedBodies
 ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]:
@@ -114,15 +120,12 @@ def _doored(
     door: FrontDoor,
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
     async def guarded(body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        metadata = context.invocation_metadata() or ()
-        if (PROBE_KEY, door.probe_token) in metadata:
-            return PROBE_ANSWER  # the router's own probe: it measured the wait, nothing to serve
-        door.arrived()
-        head = read_head(metadata)
-        level = door.level(head)
-        if not door.door.admit(level):
-            door.refused(level)
-            await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
+        head = PASSED_DOOR.get()
+        if head is None:
+            metadata = context.invocation_metadata() or ()
+            if (PROBE_KEY, door.probe_token) in metadata:
+                return PROBE_ANSWER  # the router's own probe: it measured the wait, nothing to serve
+            head = await door.enter(metadata, context)
         request = parse(body)
         if isinstance(request, Malformed):
             bodies.seen(method, request)
@@ -158,6 +161,18 @@ class FrontDoor:
     def refused(self, level: int) -> None:
         """Count one refusal at `level`."""
         self.metrics.door_refusals(self.metrics.priority_label(level)).inc()
+
+    async def enter(self, metadata: Any, context: grpc.aio.ServicerContext[Any, Any]) -> CallHead:
+        """Admit a client call through the door, or end it UNAVAILABLE `router_overloaded`: all it needs
+        is the call's metadata, so the client port's receive gate asks before it reads the body (a
+        refusal then costs no body, no parse and no receive slot)."""
+        self.arrived()
+        head = read_head(metadata)
+        level = self.level(head)
+        if not self.door.admit(level):
+            self.refused(level)
+            await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
+        return head
 
 
 def _handler(

@@ -198,6 +198,7 @@ class RouterServer:
             self.keys,
             self.config.admission.priority_levels,
         )
+        self.receives.door = door
         inference = InferenceServicer(
             self.dataplane,
             settings=self.config.router,
