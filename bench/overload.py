@@ -151,29 +151,31 @@ def write_repository(root: Path, base_ms: float, per_item_ms: float) -> Path:
     return root
 
 
-def write_config(path: Path, *, admission: bool) -> Path:
-    """sluice.yaml: the two tenants, and admission on (bounded lanes) or off (the unbounded FIFO)."""
-    tenant = {"rate": 100_000, "burst": 10_000, "max_inflight": 100_000}
-    config = {
-        "admission": {"enabled": admission, "lane_max_queued": LANE_BOUND},
-        "tenants": {
-            "gold": {
-                **tenant,
-                "api_keys": [hash_api_key(GOLD_KEY)],
-                "default_priority": 1,
-                "max_priority": 1,
-            },
-            "bronze": {
-                **tenant,
-                "api_keys": [hash_api_key(BRONZE_KEY)],
-                "default_priority": 3,
-                "max_priority": 3,
-            },
-        },
+def gold_and_bronze(quota: dict[str, int]) -> dict[str, Any]:
+    """The overload benches' two tenants: gold at priority 1 and bronze at 3, each with `quota` (rate,
+    burst, max_inflight)."""
+    return {
+        "gold": {**quota, "api_keys": [hash_api_key(GOLD_KEY)], "default_priority": 1, "max_priority": 1},
+        "bronze": {**quota, "api_keys": [hash_api_key(BRONZE_KEY)], "default_priority": 3, "max_priority": 3},
     }
+
+
+def write_yaml(path: Path, config: dict[str, Any]) -> Path:
+    """Write a sluice.yaml (its folder made) and return its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def write_config(path: Path, *, admission: bool) -> Path:
+    """sluice.yaml: the two tenants, and admission on (bounded lanes) or off (the unbounded FIFO)."""
+    return write_yaml(
+        path,
+        {
+            "admission": {"enabled": admission, "lane_max_queued": LANE_BOUND},
+            "tenants": gold_and_bronze({"rate": 100_000, "burst": 10_000, "max_inflight": 100_000}),
+        },
+    )
 
 
 def scenario(target: str, duration_s: float, calibration: Calibration) -> dict[str, Any]:

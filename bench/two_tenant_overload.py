@@ -32,42 +32,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sluice_inference.bench.calibration import measure_router, one_row_request, process_cpu_s
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
-from sluice_inference.bench.overload import Cluster, running_cluster, write_repository
-from sluice_inference.router.policy.tenants import hash_api_key
+from sluice_inference.bench.overload import (
+    BRONZE_KEY,
+    GOLD_KEY,
+    Cluster,
+    gold_and_bronze,
+    running_cluster,
+    write_repository,
+    write_yaml,
+)
 
-GOLD_KEY, BRONZE_KEY = "gold-key", "bronze-key"
 DOOR_REFUSAL = "UNAVAILABLE/router_overloaded"
 """How the load report names a front-door refusal."""
 
 
 def write_config(path: Path, *, door_ms: float) -> Path:
     """sluice.yaml: gold (priority 1) and bronze (priority 3), quotas far above the load, the door's bound."""
-    tenant = {"rate": 1_000_000, "burst": 100_000, "max_inflight": 1_000_000}
-    config = {
-        "router": {"door_max_delay_ms": door_ms, "door_sustain_s": 0.5},
-        "tenants": {
-            "gold": {
-                **tenant,
-                "api_keys": [hash_api_key(GOLD_KEY)],
-                "default_priority": 1,
-                "max_priority": 1,
-            },
-            "bronze": {
-                **tenant,
-                "api_keys": [hash_api_key(BRONZE_KEY)],
-                "default_priority": 3,
-                "max_priority": 3,
-            },
+    return write_yaml(
+        path,
+        {
+            "router": {"door_max_delay_ms": door_ms, "door_sustain_s": 0.5},
+            "tenants": gold_and_bronze({"rate": 1_000_000, "burst": 100_000, "max_inflight": 1_000_000}),
         },
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
-    return path
+    )
 
 
 def scenario(target: str, rate: float, gold_share: float, duration_s: float, slo_ms: float) -> dict[str, Any]:
