@@ -35,7 +35,7 @@ from opentelemetry.trace import (
 from prometheus_client import Counter, Histogram
 
 from sluice_inference.common.batch_tensors import pack_buffers, split_buffers
-from sluice_inference.common.clock import Clock
+from sluice_inference.common.clock import Clock, wait_until
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
@@ -94,12 +94,13 @@ def _waiter(request: QueuedRequest) -> Waiter:
 
 
 class Alarm:
-    """What the decision loop sleeps on: `sleep(seconds)` returns when `set()` was called since the last
-    `clear()`, or once `seconds` pass. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python 3.11 it
-    never swallows a cancellation that arrives just as it is woken (which once left a router's stop
+    """What the decision loop sleeps on: `sleep_until(when)` returns when `set()` was called since the last
+    `clear()`, or once the clock reaches `when`. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python
+    3.11 it never swallows a cancellation that arrives just as it is woken (which once left a router's stop
     waiting forever), and it costs one future per sleep instead of a task."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._set = False
         self._waiter: asyncio.Future[None] | None = None
 
@@ -113,23 +114,17 @@ class Alarm:
         """Forget earlier `set` calls."""
         self._set = False
 
-    async def sleep(self, seconds: float) -> None:
-        """Until set, or `seconds` have passed."""
+    async def sleep_until(self, when: float) -> None:
+        """Until set, or the clock reaches `when`."""
         if self._set:
             return
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        alarm = loop.call_later(seconds, _ring, waiter)
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        alarm = self._clock.call_at(when, self.set)
         try:
             await waiter
         finally:
             alarm.cancel()
             self._waiter = None
-
-
-def _ring(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class Driver:
@@ -154,7 +149,7 @@ class Driver:
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, tuple[str, Span]] = {}
         self._bound: dict[str, _BoundMetrics] = {}
-        self._alarm = Alarm()
+        self._alarm = Alarm(clock)
         self._sleeping_until = float("inf")
         self._answered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -183,7 +178,7 @@ class Driver:
             now = self.clock.now()
             until = now + TICK_S if wake is None else min(now + TICK_S, wake)
             self._sleeping_until = until
-            await self._alarm.sleep(max(0.0, until - now))
+            await self._alarm.sleep_until(until)
 
     def tick(self) -> float | None:
         """One pass of the loop: tick the core now and carry the decision out; when to tick next."""
@@ -322,15 +317,12 @@ class Driver:
 
     async def wait_answered(self, worker_id: str, within_s: float) -> bool:
         """Wait until the worker holds no batch of ours (False if `within_s` passed first)."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + within_s
+        give_up = self.clock.now() + within_s
         while self.core.in_flight_on(worker_id):
-            remaining = give_up - loop.time()
-            if remaining <= 0:
+            if self.clock.now() >= give_up:
                 return False
             answered = asyncio.ensure_future(self._answered.wait())
-            done, _ = await asyncio.wait({answered}, timeout=remaining)
-            if not done:
+            if not await wait_until(self.clock, {answered}, give_up):
                 answered.cancel()
         return True
 
