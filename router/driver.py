@@ -44,6 +44,7 @@ from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest, ServedBy
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 """The decision loop runs at least this often, even with nothing to do: its heartbeat."""
-MAX_BUDGET_US = 2**63 - 1
-"""An item's budget is an int64 on the wire."""
 SHUTDOWN_RETRY_S = 0.1
 
 
@@ -418,7 +417,7 @@ class Driver:
             version=dispatch.lane.version,
             item_ids=[r.request_id for r in requests],
             item_rows=[d.rows for d in decoded],
-            budgets_us=[min(MAX_BUDGET_US, max(1, round((r.deadline - now) * 1e6))) for r in requests],
+            budgets_us=[DeadlineBudget.wire_budget_us(r.deadline, now) for r in requests],
         )
         for index, first in enumerate(decoded[0].inputs):
             tensors = [d.inputs[index] for d in decoded]
