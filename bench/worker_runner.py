@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sluice_inference.common.batch_tensors import pack_arrays
+from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.worker.backends.synthetic import SyntheticBackend
 from sluice_inference.worker.demo_models import init_demo_repository
@@ -135,7 +136,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     metrics = WorkerMetrics()
     models = {(model.spec.name, model.spec.version): model}
     runner = BatchRunner(
-        executor, models, metrics, capacity=args.capacity, forward_on_loop=args.forward_on_loop
+        executor,
+        models,
+        metrics,
+        capacity=args.capacity,
+        clock=MonotonicClock(),
+        forward_on_loop=args.forward_on_loop,
     )
     loop = asyncio.get_running_loop()
     assert isinstance(loop, CountingLoop)

@@ -1,54 +1,160 @@
-"""Time as an injected object, so policy code is deterministic under test and in the simulator.
+"""Time as an injected object, so policy code is deterministic under test and in the simulator, and the
+shells' timers and sleeps can be driven by a fake clock.
 
-Every `now` the policy core (router/policy/) is given is a float of seconds on a monotonic scale owned by a
-Clock: the shell reads it and passes it in, the core never reads time itself. Deadlines are absolute times
-on that scale, set once at admission. Production uses `MonotonicClock`; tests and the simulator use
-`FakeClock`, which moves only when told to.
+Every `now` in router/ and worker/ is a float of seconds on a monotonic scale owned by a Clock: the policy
+core (router/policy/) is given it as a parameter and never reads time itself; the async shells read it
+from their clock. Deadlines are absolute times on that scale, set once at admission. Every timer and sleep
+of the shells goes through the same clock: `call_at` (a callback at an absolute time), `sleep`, and the
+helpers built on `call_at` below (`sleep_until`, `wait_until`). Production uses `MonotonicClock`, whose
+timers are the running event loop's (asyncio's loop time is `time.monotonic()`, the same scale); tests and
+the simulator use `FakeClock`, which moves only when told to and fires the timers it passes.
 
-Not yet true of the shells (issue 19, point 6): some timers and sleeps in router/ and worker/ still use the
-event loop's clock (`loop.time()`, `call_later`/`call_at`, `asyncio.sleep`, `asyncio.wait_for`) or
-`time.monotonic` directly. On Linux these read the same monotonic scale as `MonotonicClock`, so the times
-agree in production, but a `FakeClock` cannot drive those waits.
+What is rightly not a Clock: `time.time()` for wall-clock records (log lines, records other processes
+read, certificates), `time.perf_counter()`/`time.process_time()` for measuring how long something took
+(a duration, never compared with a deadline), the synthetic backend's `time.sleep` that stands in for a
+device's execution on its own thread, and the timeouts handed to a library's own call (a gRPC call's
+`timeout=`, a socket's): those are durations the library enforces on its own clock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import time
-from typing import Protocol
+from collections.abc import Callable, Collection
+from typing import Any, Protocol
+
+
+class Timer(Protocol):
+    """A scheduled callback that can still be called off."""
+
+    def cancel(self) -> None:
+        """Call the callback off (no-op once it ran)."""
+        ...
 
 
 class Clock(Protocol):
-    """A source of monotonic time in seconds."""
+    """A source of monotonic time in seconds, and the timers on that scale."""
 
     def now(self) -> float:
         """Current time in seconds; only differences are meaningful."""
         ...
 
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run `callback` (on the event loop) once the clock reaches `when`."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once `seconds` have passed on this clock."""
+        ...
+
 
 class MonotonicClock:
-    """The process's monotonic clock (what production uses)."""
+    """The process's monotonic clock (what production uses); its timers are the running loop's."""
 
     def now(self) -> float:
         """`time.monotonic()`."""
         return time.monotonic()
 
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """The running loop's `call_at`: its time is `time.monotonic()`, this clock's scale."""
+        return asyncio.get_running_loop().call_at(when, callback)
+
+    async def sleep(self, seconds: float) -> None:
+        """`asyncio.sleep`."""
+        await asyncio.sleep(seconds)
+
+
+class _FakeTimer:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+
+    def cancel(self) -> None:
+        self.callback = None
+
 
 class FakeClock:
-    """A clock that stands still until `advance` or `jump_to` moves it."""
+    """A clock that stands still until `advance` or `jump_to` moves it; moving it runs, in time order, every
+    timer it passes (so a sleeping task wakes on its next turn of the loop)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._order = itertools.count()
 
     def now(self) -> float:
         """The current virtual time."""
         return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run `callback` when the clock is next moved (`advance`, `jump_to`) to `when` or past it; never
+        from inside this call, as the loop's `call_at` never runs a callback before it returns."""
+        timer = _FakeTimer(callback)
+        heapq.heappush(self._timers, (when, next(self._order), timer))
+        return timer
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once the clock has been moved `seconds` on."""
+        await sleep_until(self, self._now + seconds)
+
+    def next_timer(self) -> float | None:
+        """When the soonest pending timer is due (None: none), so a test can jump straight to it."""
+        while self._timers and self._timers[0][2].callback is None:
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
 
     def advance(self, seconds: float) -> None:
         """Move forward by `seconds` (never backwards)."""
         if seconds < 0:
             raise ValueError(f"a clock cannot go back ({seconds} s)")
         self._now += seconds
+        self._fire()
 
     def jump_to(self, when: float) -> None:
         """Move forward to absolute time `when` (no-op if already past it)."""
         self._now = max(self._now, when)
+        self._fire()
+
+    def _fire(self) -> None:
+        while self._timers and self._timers[0][0] <= self._now:
+            _, _, timer = heapq.heappop(self._timers)
+            callback, timer.callback = timer.callback, None
+            if callback is not None:
+                callback()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def sleep_until(clock: Clock, when: float) -> None:
+    """Return once `clock` reaches `when` (at once if it has)."""
+    if clock.now() >= when:
+        return
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    timer = clock.call_at(when, lambda: _resolve(woken))
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+async def wait_until(clock: Clock, waiting: Collection[asyncio.Future[Any]], when: float) -> bool:
+    """Wait until one of `waiting` is done or `clock` reaches `when`; whether one is done. Like
+    `asyncio.wait(..., return_when=FIRST_COMPLETED)`, it neither cancels `waiting` nor raises their
+    outcome, and a cancellation of the caller is never swallowed."""
+    if any(f.done() for f in waiting):
+        return True
+    if clock.now() >= when:
+        return False
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    timer = clock.call_at(when, lambda: _resolve(woken))
+    try:
+        await asyncio.wait({*waiting, woken}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        woken.cancel()
+    return any(f.done() for f in waiting)

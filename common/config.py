@@ -168,8 +168,8 @@ class RouterSettings(_Section):
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for requests that carry neither a gRPC deadline nor parameters["timeout"]."""
     max_timeout_s: float = Field(default=300.0, gt=0)
-    """Longest deadline a request may ask for: `parameters["timeout"]` beyond it is INVALID_ARGUMENT, and a
-    longer gRPC deadline is shortened to it (a request may only shorten the server's limit)."""
+    """Longest deadline a request may have: a longer `parameters["timeout"]` or gRPC deadline is shortened
+    to it (a request may only shorten the server's limit; router/policy/deadline_budget.py)."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest request or response message on the client port; a request whose response would be larger
     (rows x outputs x bytes) is refused before any work. Every concurrent read may hold this much."""

@@ -216,7 +216,7 @@ async def follow_prefix(
             health.running = False
             health.restarts += 1
             throttle.warning("watch of %s: its consumer failed (%r); starting over", prefix, exc)
-        await asyncio.sleep(backoff.delay())
+        await clock.sleep(backoff.delay())
 
 
 def _raise_if_cancelling() -> None:

@@ -51,8 +51,6 @@ TENSOR_OVERHEAD_BYTES = 64
 class DecodeLimits:
     """Edge bounds a request is checked against before it costs anything (router settings)."""
 
-    max_timeout_s: float = 300.0
-    """`parameters["timeout"]` must lie in (0, max_timeout_s]."""
     max_response_bytes: int = 16 * 1024 * 1024
     """rows x requested outputs x bytes must fit the client port's message limit."""
 
@@ -121,17 +119,16 @@ def int_parameter(parameters: Mapping[str, ParamValue | None], name: str) -> int
     return value
 
 
-def timeout_parameter(parameters: Mapping[str, ParamValue | None], max_timeout_s: float) -> float | None:
-    """`parameters["timeout"]` in microseconds (Triton's convention), as seconds; it must lie in
-    (0, max_timeout_s] (a uint64 of 2^64-1 once overflowed the router's batch budget)."""
+def timeout_parameter(parameters: Mapping[str, ParamValue | None]) -> float | None:
+    """`parameters["timeout"]` in microseconds (Triton's convention), as seconds; a positive whole number.
+    A longer one than `router.max_timeout_s` is clamped with the deadline, like a long gRPC deadline
+    (router/policy/deadline_budget.py)."""
     if "timeout" not in parameters:
         return None
     value = parameters["timeout"]
-    longest_us = round(max_timeout_s / MICROSECONDS)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= longest_us:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidArgument(
-            f'parameters["timeout"] must be a whole number of microseconds in 1..{longest_us}',
-            reason="bad_timeout",
+            'parameters["timeout"] must be a positive whole number of microseconds', reason="bad_timeout"
         )
     return value * MICROSECONDS
 
@@ -233,7 +230,7 @@ def decode_call(
             f"model {record.name!r} takes inputs {sorted(specs)}, request has {shown}", reason="bad_inputs"
         )
     outputs = _check_outputs(call.outputs, record)
-    timeout_s = timeout_parameter(call.parameters, limits.max_timeout_s)
+    timeout_s = timeout_parameter(call.parameters)
     if call.defect is not None:
         raise call.defect
     rows_seen: set[int] = set()

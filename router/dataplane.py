@@ -5,7 +5,8 @@ authenticate the key → hold the body's bytes → priority → authorize the mo
 version → validate and make inputs canonical (`router/codec.py`) → hold the decoded inputs and twice the
 expected response → set the deadline → idempotency (claim, wait or replay) → the result cache (hit, or one
 execution per set of identical misses; a request it answers without executing pays the tenant's rate
-through `Backend.charge`) → the driver → store the outcome → never OK after the deadline set here.
+through `Backend.charge`) → the driver → store the outcome → never OK after the deadline set here. The
+deadline and what counts as late are the deadline budget's (router/policy/deadline_budget.py).
 
 A transport only converts its messages to and from `router/calls.py` objects and maps a `SluiceError` to
 its status (`router/servicer.py` for KServe v2 gRPC); an HTTP/REST transport of the same protocol would
@@ -33,7 +34,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from sluice_inference.common.clock import Clock
 from sluice_inference.common.config import RouterSettings
-from sluice_inference.common.errors import Code, DeadlineExceeded, Internal, SluiceError
+from sluice_inference.common.errors import Code, Internal, SluiceError
 from sluice_inference.common.logs import MAX_LOGGED_ID, REQUEST_ID, LogThrottle, loggable_id
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.auth import TenantKeys
@@ -55,7 +56,8 @@ from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
-from sluice_inference.router.policy.core import deadline_for, version_to_serve
+from sluice_inference.router.policy.core import version_to_serve
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.tenants import Tenant, TenantDirectory
 
 log = logging.getLogger(__name__)
@@ -165,7 +167,9 @@ class DataPlane:
         self._bytes = inflight_bytes
         self._tracer = tracer
         self._keys = keys or TenantKeys(tenants)
-        self._limits = DecodeLimits(settings.max_timeout_s, settings.max_message_bytes)
+        self._limits = DecodeLimits(settings.max_message_bytes)
+        self._budget = DeadlineBudget.of(settings)
+        """The deadline rules (deadline_budget.py): this plane sets the deadline and keeps its promise."""
         self._bugs = LogThrottle(log, BUG_LOG_INTERVAL_S, clock)
         """Unexpected failures a client may be able to trigger at will: one traceback per interval."""
 
@@ -265,10 +269,15 @@ class DataPlane:
         decoded = decode_call(call, record, self._limits)
         # What the call holds besides its body: the decoded inputs, the worker's answer and the result.
         progress.held += self._hold(decoded.input_bytes + 2 * decoded.response_bytes)
-        deadline = deadline_for(self._settings, progress.start, call.time_remaining_s, decoded.timeout_s)
+        deadline = self._budget.deadline(progress.start, call.time_remaining_s, decoded.timeout_s)
         parameters = plain_parameters(call.parameters)
+        # What is left now, not since the call began: the wait for a running twin ends at our deadline.
         begun = await self._idempotency.begin(
-            tenant.name, call, decoded=decoded, parameters=parameters, remaining_s=deadline - progress.start
+            tenant.name,
+            call,
+            decoded=decoded,
+            parameters=parameters,
+            remaining_s=deadline - self._clock.now(),
         )
         if isinstance(begun, InferResult):
             return begun
@@ -293,9 +302,9 @@ class DataPlane:
         if progress.claimed is not None:
             await self._idempotency.succeeded(progress.claimed, result)
             progress.claimed = None  # settled: a retry replays it
-        if self._clock.now() > deadline:
-            # The promise is made here, so it is kept here: never OK after the deadline this router set.
-            raise DeadlineExceeded("the answer was ready only after the deadline", reason="finished_late")
+        late = self._budget.finished_late(deadline, self._clock.now())
+        if late is not None:  # the promise is made here, so it is kept here: never OK after the deadline
+            raise late
         return result
 
     def _count_failure(self, progress: _Progress, err: SluiceError) -> None:

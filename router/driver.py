@@ -35,7 +35,7 @@ from opentelemetry.trace import (
 from prometheus_client import Counter, Histogram
 
 from sluice_inference.common.batch_tensors import pack_buffers, split_buffers
-from sluice_inference.common.clock import Clock
+from sluice_inference.common.clock import Clock, wait_until
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
@@ -44,6 +44,7 @@ from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest, ServedBy
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 """The decision loop runs at least this often, even with nothing to do: its heartbeat."""
-MAX_BUDGET_US = 2**63 - 1
-"""An item's budget is an int64 on the wire."""
 SHUTDOWN_RETRY_S = 0.1
 
 
@@ -94,12 +93,13 @@ def _waiter(request: QueuedRequest) -> Waiter:
 
 
 class Alarm:
-    """What the decision loop sleeps on: `sleep(seconds)` returns when `set()` was called since the last
-    `clear()`, or once `seconds` pass. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python 3.11 it
-    never swallows a cancellation that arrives just as it is woken (which once left a router's stop
+    """What the decision loop sleeps on: `sleep_until(when)` returns when `set()` was called since the last
+    `clear()`, or once the clock reaches `when`. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python
+    3.11 it never swallows a cancellation that arrives just as it is woken (which once left a router's stop
     waiting forever), and it costs one future per sleep instead of a task."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._set = False
         self._waiter: asyncio.Future[None] | None = None
 
@@ -113,23 +113,17 @@ class Alarm:
         """Forget earlier `set` calls."""
         self._set = False
 
-    async def sleep(self, seconds: float) -> None:
-        """Until set, or `seconds` have passed."""
+    async def sleep_until(self, when: float) -> None:
+        """Until set, or the clock reaches `when`."""
         if self._set:
             return
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        alarm = loop.call_later(seconds, _ring, waiter)
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        alarm = self._clock.call_at(when, self.set)
         try:
             await waiter
         finally:
             alarm.cancel()
             self._waiter = None
-
-
-def _ring(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class Driver:
@@ -154,7 +148,7 @@ class Driver:
         self._tracer = tracer or NoOpTracer()
         self._batch_spans: dict[int, tuple[str, Span]] = {}
         self._bound: dict[str, _BoundMetrics] = {}
-        self._alarm = Alarm()
+        self._alarm = Alarm(clock)
         self._sleeping_until = float("inf")
         self._answered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -183,7 +177,7 @@ class Driver:
             now = self.clock.now()
             until = now + TICK_S if wake is None else min(now + TICK_S, wake)
             self._sleeping_until = until
-            await self._alarm.sleep(max(0.0, until - now))
+            await self._alarm.sleep_until(until)
 
     def tick(self) -> float | None:
         """One pass of the loop: tick the core now and carry the decision out; when to tick next."""
@@ -322,15 +316,12 @@ class Driver:
 
     async def wait_answered(self, worker_id: str, within_s: float) -> bool:
         """Wait until the worker holds no batch of ours (False if `within_s` passed first)."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + within_s
+        give_up = self.clock.now() + within_s
         while self.core.in_flight_on(worker_id):
-            remaining = give_up - loop.time()
-            if remaining <= 0:
+            if self.clock.now() >= give_up:
                 return False
             answered = asyncio.ensure_future(self._answered.wait())
-            done, _ = await asyncio.wait({answered}, timeout=remaining)
-            if not done:
+            if not await wait_until(self.clock, {answered}, give_up):
                 answered.cancel()
         return True
 
@@ -426,7 +417,7 @@ class Driver:
             version=dispatch.lane.version,
             item_ids=[r.request_id for r in requests],
             item_rows=[d.rows for d in decoded],
-            budgets_us=[min(MAX_BUDGET_US, max(1, round((r.deadline - now) * 1e6))) for r in requests],
+            budgets_us=[DeadlineBudget.wire_budget_us(r.deadline, now) for r in requests],
         )
         for index, first in enumerate(decoded[0].inputs):
             tensors = [d.inputs[index] for d in decoded]

@@ -142,7 +142,7 @@ class RouterServer:
         self.health = HealthServicer()
         self.malformed = MalformedBodies(self.clock)
         self.door = Door(settings.door_max_delay_ms / 1000, settings.door_sustain_s)
-        self.queue_probe = QueueProbe(self.door, self.metrics)
+        self.queue_probe = QueueProbe(self.door, self.metrics, self.clock)
         self.receives = ReceiveGate(
             self.keys,
             self.metrics,
@@ -150,6 +150,7 @@ class RouterServer:
             max_receives=settings.tenant_max_receives,
             max_streams=settings.tenant_max_streams,
             receive_timeout_s=settings.receive_timeout_s,
+            clock=self.clock,
         )
         self.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
         self.status = StatusLoop(

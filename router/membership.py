@@ -35,9 +35,6 @@ from sluice_inference.router.worker_link import WorkerLink, WorkerLinks
 log = logging.getLogger(__name__)
 
 RETIRE_GRACE_S = 1.0
-STREAM_SILENCE_S = 0.8
-"""A worker reports its load every 0.25 s; a stream silent this long belongs to a frozen or cut-off
-worker (gRPC keepalive alone takes ~1.5 s to say so), so it is closed and its batches re-dispatched."""
 RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -68,21 +65,8 @@ class Membership:
         self._watch: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Watch etcd, and the streams' heartbeats, in the background."""
+        """Watch etcd in the background (each link watches its own stream's heartbeat)."""
         self._watch = asyncio.create_task(self._follow(), name="membership-watch")
-        self._spawn(self._watch_heartbeats())
-
-    async def _watch_heartbeats(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(0.1)
-            for worker_id in self._links.ids():
-                link = self._links.get(worker_id)
-                if link is not None and link.ready and loop.time() - link.last_message > STREAM_SILENCE_S:
-                    log.warning(
-                        "worker %s silent for %.2f s: closing its stream", worker_id, STREAM_SILENCE_S
-                    )
-                    self._spawn(link.close())
 
     async def stop(self) -> None:
         """Stop watching and close every stream."""
@@ -147,6 +131,7 @@ class Membership:
             on_up=self._on_up,
             on_closed=self._on_closed,
             cluster=self._cluster,
+            clock=self._clock,
         )
         self._links.add(link)
         link.start()
@@ -184,7 +169,7 @@ class Membership:
         self._spawn(self._reconnect(worker_id, delay))
 
     async def _reconnect(self, worker_id: str, delay: float) -> None:
-        await asyncio.sleep(delay)
+        await self._clock.sleep(delay)
         record = self.records.get(worker_id)
         if record is not None and worker_id not in self._links:
             self._connect(record)

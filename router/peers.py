@@ -183,7 +183,7 @@ class PeerView:
     async def _publish(self, registration: LeasedKey, addr: str) -> None:
         """Publish rounds, every interval the core asks for; the equal split while etcd is out of reach."""
         while True:
-            await asyncio.sleep(self._driver.demand_interval_s())
+            await self._clock.sleep(self._driver.demand_interval_s())
             if not registration.connected:
                 if not self.stale:
                     log.warning("etcd unreachable: quotas fall back to the equal split over %d routers",
@@ -198,7 +198,7 @@ class PeerView:
             demand = self._driver.publish_demand()
             if demand is not None:
                 await registration.update(router_record(addr, demand))
-                await asyncio.sleep(OWN_GRACE_S)  # the peers' watches deliver it meanwhile
+                await self._clock.sleep(OWN_GRACE_S)  # the peers' watches deliver it meanwhile
                 self._driver.count_published()
 
     def _apply_tenants(self, snapshot: dict[str, bytes]) -> None:

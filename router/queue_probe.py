@@ -39,6 +39,7 @@ from pathlib import Path
 
 import grpc
 
+from sluice_inference.common.clock import Clock, Timer, wait_until
 from sluice_inference.router.edge import PROBE_KEY
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.door import Door
@@ -57,8 +58,9 @@ PROBE_TIMEOUT_S = 10.0
 class QueueProbe:
     """Measures the server's call-queue delay and feeds it to a Door."""
 
-    def __init__(self, door: Door, metrics: RouterMetrics) -> None:
+    def __init__(self, door: Door, metrics: RouterMetrics, clock: Clock) -> None:
         self._door = door
+        self._clock = clock
         self._metrics = metrics
         self._folder = Path(tempfile.mkdtemp(prefix="sluice-router-"))
         self.address = f"unix:{self._folder / 'probe.sock'}"
@@ -69,7 +71,7 @@ class QueueProbe:
         self._next_mark = 0.0
         """The outstanding probe's age at which it next counts as a sample (0: it has not counted yet)."""
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._traffic = asyncio.Event()
         """Set when a client inference call came in since the last probe."""
         self.probes = 0
@@ -83,21 +85,21 @@ class QueueProbe:
         """Begin probing the running server (unless the door is off: nothing would read the samples)."""
         if self._door.max_delay_s <= 0:
             return
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._probe(loop), name="queue-probe")
+        self._task = asyncio.create_task(self._probe(), name="queue-probe")
 
     async def stop(self) -> None:
         """Stop probing and remove the socket's folder. Waits at most `STOP_WAIT_S` for the probe's call
-        to end (`asyncio.wait`, which neither raises the probe's outcome nor swallows a cancellation of
+        to end (`wait_until`, which neither raises the probe's outcome nor swallows a cancellation of
         the caller, as awaiting the cancelled task inside `suppress(CancelledError)` would)."""
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
-            await asyncio.wait({self._task}, timeout=STOP_WAIT_S)
+            await wait_until(self._clock, {self._task}, self._clock.now() + STOP_WAIT_S)
         shutil.rmtree(self._folder, ignore_errors=True)
 
-    async def _probe(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _probe(self) -> None:
+        clock = self._clock
         async with grpc.aio.insecure_channel(self.address) as channel:
             infer: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(INFER)
             metadata = ((PROBE_KEY, self.token),)
@@ -105,9 +107,9 @@ class QueueProbe:
                 if not self._door.engaged:
                     await self._traffic.wait()
                 self._traffic.clear()
-                started = self._out_since = loop.time()
+                started = self._out_since = clock.now()
                 self._next_mark = self._door.max_delay_s
-                self._timer = loop.call_at(started + self._next_mark, self._watch, loop)
+                self._timer = clock.call_at(started + self._next_mark, self._watch)
                 self.probes += 1
                 counted = False
                 try:
@@ -119,8 +121,9 @@ class QueueProbe:
                         self._timer.cancel()
                     self._out_since = None
                 if not counted:
-                    self._report(loop.time() - started, loop.time())
-                await asyncio.sleep(self._pause())
+                    now = clock.now()
+                    self._report(now - started, now)
+                await clock.sleep(self._pause())
 
     def _pause(self) -> float:
         """How long until the next probe may go (module docstring)."""
@@ -133,11 +136,12 @@ class QueueProbe:
         self._metrics.call_delay.set(delay)
         self._metrics.door_fraction.set(self._door.fraction)
 
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _watch(self) -> None:
         """The outstanding probe's age has reached its next mark (the bound, then each doubling): one
         sample, and a timer for the next mark."""
         if self._out_since is None:
             return
-        self._report(loop.time() - self._out_since, loop.time())
+        now = self._clock.now()
+        self._report(now - self._out_since, now)
         self._next_mark *= 2
-        self._timer = loop.call_at(self._out_since + self._next_mark, self._watch, loop)
+        self._timer = self._clock.call_at(self._out_since + self._next_mark, self._watch)

@@ -114,7 +114,7 @@ class StatusLoop:
                 await self.refresh()
             except Exception:  # a failing export must not stop health from being kept current
                 log.exception("the router's status pass failed")
-            await asyncio.sleep(REFRESH_S)
+            await self._clock.sleep(REFRESH_S)
 
     async def refresh(self) -> None:
         """One status pass: the watchdog and health every pass; gauges and the autoscaling target at most

@@ -7,8 +7,9 @@ current one).
 Before the stream opens, the worker proves it is the worker its etcd record claims (common/cluster_auth.py:
 under mTLS its certificate names the id, with a token it answers a challenge); an address that cannot is
 sent nothing but a nonce, and the link closes with the reason.
-A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the heartbeat watch in
-router/membership.py closes its stream after 0.8 s without a message (load reports come every 0.25 s).
+A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the link closes its own
+stream `STREAM_SILENCE_S` after the last message (load reports come every 0.25 s): one timer on the
+injected clock, re-armed from the last message when it fires, not a poll and not one timer per message.
 gRPC keepalive pings every 500 ms with a 500 ms ack deadline back that up (gRPC alone takes ~1.5 s).
 """
 
@@ -20,11 +21,16 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from sluice_inference.common.clock import Clock, Timer
 from sluice_inference.common.cluster_auth import STREAM_METHOD, ClusterClient
 from sluice_inference.common.cluster_proof import IdentityNotProven
 from sluice_inference.common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+STREAM_SILENCE_S = 0.8
+"""A worker reports its load every 0.25 s; a stream silent this long belongs to a frozen or cut-off
+worker (gRPC keepalive alone takes ~1.5 s to say so), so it is closed and its batches re-dispatched."""
 
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 500),
@@ -51,19 +57,24 @@ class WorkerLink:
         on_up: OnUp,
         on_closed: OnClosed,
         cluster: ClusterClient,
+        clock: Clock,
     ) -> None:
         self.worker_id = worker_id
         self.addr = addr
         self.ready = False
         """A first message came: the worker is there."""
         self.last_message = 0.0
-        """Loop time of the last message from the worker (its heartbeat)."""
+        """Clock time of the last message from the worker (its heartbeat)."""
         self.last_load: worker_pb2.LoadReport | None = None
         """The worker's latest load report (the admin view shows it)."""
         self._on_message = on_message
         self._on_up = on_up
         self._on_closed = on_closed
         self._cluster = cluster
+        self._clock = clock
+        self._silence: Timer | None = None
+        self._silent = False
+        """The stream was closed because the worker went silent."""
         self._options = [
             *KEEPALIVE_OPTIONS,
             ("grpc.max_send_message_length", cluster.max_message_bytes),
@@ -107,11 +118,12 @@ class WorkerLink:
                 metadata = await self._cluster.authenticate(channel, self.worker_id, STREAM_METHOD)
                 call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests(), metadata=metadata)
                 async for message in call:
-                    self.last_message = asyncio.get_running_loop().time()
+                    self.last_message = self._clock.now()
                     if message.HasField("load"):
                         self.last_load = message.load
                     if not self.ready:
                         self.ready = True
+                        self._silence = self._clock.call_at(self.last_message + STREAM_SILENCE_S, self._heard)
                         self._on_up(self.worker_id)
                     self._on_message(self.worker_id, message)
         except grpc.aio.AioRpcError as exc:
@@ -119,12 +131,29 @@ class WorkerLink:
         except IdentityNotProven as exc:
             reason = f"{self.addr} did not prove it is worker {self.worker_id}: {exc}"
         except asyncio.CancelledError:
-            reason = "closed by router"
+            reason = f"silent for {STREAM_SILENCE_S:g} s" if self._silent else "closed by router"
         finally:
+            if self._silence is not None:
+                self._silence.cancel()
             self._closed = True
             self.ready = False
             self._outbox.put_nowait(None)  # ends the request generator, rather than leaving it to the GC
             self._on_closed(self, reason)
+
+    def _heard(self) -> None:
+        """The silence timer is due: close a stream silent for `STREAM_SILENCE_S`, else look again that long
+        after its last message."""
+        self._silence = None
+        if self._closed:
+            return
+        due = self.last_message + STREAM_SILENCE_S
+        if self._clock.now() < due:
+            self._silence = self._clock.call_at(due, self._heard)
+            return
+        log.warning("worker %s silent for %.2f s: closing its stream", self.worker_id, STREAM_SILENCE_S)
+        self._silent = True
+        if self._task is not None:
+            self._task.cancel()
 
 
 class WorkerLinks:

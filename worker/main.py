@@ -79,6 +79,7 @@ class WorkerProcess:
         settings = config.worker
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = WorkerMetrics()
+        self.clock = MonotonicClock()
         self.executor = Executor(settings.device, settings.torch_threads)
         self.models: dict[tuple[str, str], LoadedModel] = {}
         self.warmup_s: dict[tuple[str, str], dict[int, float]] = {}
@@ -87,6 +88,7 @@ class WorkerProcess:
             self.models,
             self.metrics,
             capacity=settings.capacity,
+            clock=self.clock,
             tracer=tracer(self.tracer_provider, "sluice.worker"),
             on_device_fault=self._on_device_fault,
             forward_on_loop=settings.forward_on_loop,
@@ -117,9 +119,9 @@ class WorkerProcess:
         issuer = ProofIssuer(self.config.cluster.accepted())
         server = self._server_for(self.config.cluster.max_message_bytes, issuer)
         worker_pb2_grpc.add_WorkerServicer_to_server(WorkerStreamServicer(self.state), server)
-        identity = IdentityServicer(lambda: worker_identity(self.worker_id), issuer, MonotonicClock())
+        identity = IdentityServicer(lambda: worker_identity(self.worker_id), issuer, self.clock)
         worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, server)
-        admin = WorkerAdminServicer(self.state, self.drain, self.status)
+        admin = WorkerAdminServicer(self.state, self.drain, self.status, self.clock)
         admin_pb2_grpc.add_WorkerAdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -154,7 +156,7 @@ class WorkerProcess:
     def _server_for(self, max_message_bytes: int, issuer: ProofIssuer) -> grpc.aio.Server:
         """The gRPC server: message limits the routers' agree with, and the cluster gate: the caller's
         token proof (before the request is read) and, under mTLS, the role its certificate names."""
-        proofs = ClusterProofGate(self.worker_id, issuer, MonotonicClock()) if issuer.enabled else None
+        proofs = ClusterProofGate(self.worker_id, issuer, self.clock) if issuer.enabled else None
         roles = check_peer_role if self.config.cluster.tls else None
         gate = GateInterceptor(proofs or _no_metadata_check, roles)
         return grpc.aio.server(
@@ -238,7 +240,7 @@ class WorkerProcess:
         gpu = GpuSampler.create(self.config.worker.device, self.metrics)
         ticks = 0
         while True:
-            await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
+            await self.clock.sleep(LOAD_REPORT_INTERVAL_S)
             self.state.broadcast()
             self.metrics.busy_ratio.set(self.runner.busy_fraction())
             connected = self._registration is not None and self._registration.connected
@@ -257,7 +259,7 @@ class WorkerProcess:
             await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             if self._registration is not None:
                 await self._registration.update(self.record().to_json())
-            await asyncio.sleep(DRAIN_SETTLE_S)
+            await self.clock.sleep(DRAIN_SETTLE_S)
             finished = await self.runner.wait_idle(self.config.worker.drain_timeout_s)
             if not finished:
                 log.error("drain timed out with %d batches in flight", self.runner.pending_batches)

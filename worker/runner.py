@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from sluice_inference.common.batch_tensors import pack_arrays
+from sluice_inference.common.clock import Clock, wait_until
 from sluice_inference.common.errors import Cancelled, Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.worker.busy import BusyWindow
@@ -113,7 +113,7 @@ class BatchRunner:
         metrics: WorkerMetrics,
         *,
         capacity: int,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock,
         tracer: Tracer | None = None,
         on_device_fault: Callable[[Internal], None] | None = None,
         forward_on_loop: bool = False,
@@ -124,13 +124,14 @@ class BatchRunner:
         self._models = models
         self._metrics = metrics
         self._capacity = capacity
-        self._now = now
+        self._clock = clock
+        self._now = clock.now
         self._on_device_fault = on_device_fault
         self._fault_reported = False
         self._device = DeviceThread(
             executor,
             models,
-            now=now,
+            now=clock.now,
             tracer=tracer or NoOpTracer(),
             deliver=self._finish if forward_on_loop else self._post,
             on_loop=forward_on_loop,
@@ -190,11 +191,11 @@ class BatchRunner:
 
     async def wait_idle(self, within_s: float) -> bool:
         """Wait until no batch is queued or executing (False on timeout)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), within_s)
-        except TimeoutError:
-            return False
-        return True
+        idle = asyncio.ensure_future(self._idle.wait())
+        if await wait_until(self._clock, {idle}, self._clock.now() + within_s):
+            return True
+        idle.cancel()
+        return False
 
     def busy_fraction(self) -> float:
         """Share of the last BUSY_WINDOW_S the device spent on forwards (O(1): worker/busy.py)."""

@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from sluice_inference.common.clock import Clock, wait_until
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sluice_inference.worker.auth import stream_caller
 from sluice_inference.worker.runner import BatchRunner, StreamState
@@ -99,8 +100,10 @@ class WorkerAdminServicer(admin_pb2_grpc.WorkerAdminServicer):
         state: WorkerState,
         drain: Callable[[], Coroutine[Any, Any, None]],
         status: Callable[[], admin_pb2.WorkerStatusResponse],
+        clock: Clock,
     ) -> None:
         self._state = state
+        self._clock = clock
         self._drain = drain
         self._status = status
         self._drain_task: asyncio.Task[None] | None = None
@@ -110,7 +113,7 @@ class WorkerAdminServicer(admin_pb2_grpc.WorkerAdminServicer):
         if self._drain_task is None:
             self._drain_task = asyncio.create_task(self._drain())
         if request.wait_s > 0:
-            await asyncio.wait({self._drain_task}, timeout=request.wait_s)
+            await wait_until(self._clock, {self._drain_task}, self._clock.now() + request.wait_s)
         return admin_pb2.DrainResponse(
             state=self._state.state, in_flight_batches=self._state.runner.pending_batches
         )

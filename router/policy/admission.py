@@ -3,18 +3,13 @@
 Checks, in order (each failure is explicit, typed and carries the right retry semantics, docs/design.md §5):
 1. quotas — this router's share of the tenant's in-flight cap, the tenant's token bucket, the global
    bucket → RESOURCE_EXHAUSTED with the time until a token (or a slot) frees up;
-2. the deadline budget — terminal only when no load could meet it: the whole budget the client gave
-   (deadline - arrival) below the model's best-case time for its rows (estimators.py `BestCase`: the
-   fastest seen, no margin) → INVALID_ARGUMENT `deadline_too_short` (never retry as is). Anything else
-   that makes it infeasible now is the current state's doing, so retryable → UNAVAILABLE
-   `deadline_unmeetable_now`: what is left (deadline - now, after the router's own delays) below the
-   learned execution estimate times `estimate_margin` (an estimate load inflates), hint the larger of the
-   queue wait and that estimate; or below the estimate plus the queue wait, hint the queue wait;
+2. the deadline budget — terminal only when no load could meet it, else retryable: this module measures
+   the request's best case, execution estimate and queue wait, and `DeadlineBudget.admission_refusal`
+   (deadline_budget.py, which owns every deadline margin) decides;
 3. queue bounds, in the core's queues — evict less important work or refuse (UNAVAILABLE, drain-time
    hint).
-An admitted request gets its `latest_start` = deadline - estimated execution time (minus one full batch
-the worker may be running ahead of it, when the budget allows); the core sheds it with UNAVAILABLE
-if it is still queued then, rather than executing it late.
+An admitted request gets its `latest_start` from `DeadlineBudget.latest_start`; the core sheds it if it is
+still queued then, rather than executing it late.
 
 With admission disabled (`admission.enabled: false`) every check is skipped and queues are unbounded: the
 baseline our overload figures compare against.
@@ -25,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sluice_inference.common.config import AdmissionSettings, TenantSettings
-from sluice_inference.common.errors import InvalidArgument, Unavailable
 from sluice_inference.router.policy.backlog import Backlog
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
@@ -38,11 +33,6 @@ AUDIT_TENANT = "__audit__"
 """Internal tenant of cache audits: unlimited quota, lowest priority (router/auditor.py)."""
 AUDIT_PRIORITY = 1_000_000
 """Lower than any real priority, so audits wait behind everything and are shed first."""
-
-MIN_RESERVE_S = 0.002
-RESERVE_FRACTION = 0.1
-"""Share of a request's budget kept for the answer's way back: transport and the client's own event loop
-(with 5 % a loaded generator still read a few answers after their deadline)."""
 
 
 def _quotas(tenants: dict[str, TenantSettings]) -> dict[str, Quota]:
@@ -63,6 +53,8 @@ class AdmissionController:
 
     def __init__(self, settings: AdmissionSettings, tenants: dict[str, TenantSettings], now: float) -> None:
         self.settings = settings
+        self.budget = DeadlineBudget(estimate_margin=settings.estimate_margin)
+        """The deadline rules (only its margin is read here)."""
         glob = Quota(settings.global_rate, settings.global_burst) if settings.global_rate else None
         self.limiter = RateLimiter(_quotas(tenants), glob, now)
         self.demand = DemandMeter(settings.demand_window_s)
@@ -113,7 +105,7 @@ class AdmissionController:
         """Estimated execution time of the request's batch, with the safety margin."""
         key = request.lane
         seconds = estimates.batch_seconds(key.model, key.version, request.rows, shape=key.shape)
-        return seconds * self.settings.estimate_margin
+        return self.budget.execution(seconds)
 
     @staticmethod
     def queue_wait_seconds(request: QueuedRequest, backlog: Backlog, full_s: float) -> float:
@@ -148,7 +140,9 @@ class AdmissionController:
             self.limiter.release(request.tenant)
             raise
         request.admitted = True
-        request.latest_start = self._latest_start(request, full, execution, now)
+        request.latest_start = self.budget.latest_start(
+            deadline=request.deadline, arrival=request.arrival, now=now, full_s=full, execution=execution
+        )
 
     def charge(self, tenant: str, now: float) -> None:
         """A request answered without the queue (a cache hit) pays its tenant's rate like one admitted:
@@ -159,46 +153,22 @@ class AdmissionController:
         self.demand.note(tenant, now)
         self.limiter.take(tenant, now)
 
-    def _latest_start(self, request: QueuedRequest, full: float, execution: float, now: float) -> float:
-        """When the request must leave the queue: it may ride in a full batch and a worker may hold one more
-        full batch ahead of it (two in flight), so budget for both, and keep a reserve for the answer's way
-        back — unless only an immediate start can make the deadline. (Budgeting only its own rows let the
-        simulator's overloaded workers finish 3-7 % of requests after their deadline.)"""
-        reserve = max(MIN_RESERVE_S, RESERVE_FRACTION * (request.deadline - request.arrival))
-        conservative = request.deadline - 2 * full * self.settings.estimate_margin - reserve
-        return conservative if conservative > now else request.deadline - execution
-
     def _check_deadline(
         self, request: QueuedRequest, execution: float, now: float, backlog: Backlog, full: float
     ) -> None:
-        """Refuse a deadline no load could meet (terminal), or one the current state cannot (retryable)."""
+        """Raise the deadline budget's refusal, if it refuses the request now."""
         key = request.lane
-        given = request.deadline - request.arrival
-        best = backlog.estimates.best_case_seconds(key.model, key.version, request.rows)
-        if given < best:
-            raise InvalidArgument(
-                f"deadline of {given * 1000:.1f} ms is shorter than the model's best-case service time "
-                f"(~{best * 1000:.1f} ms for {request.rows} row(s)): no load could meet it",
-                reason="deadline_too_short",
-            )
-        budget = request.deadline - now
-        wait = self.queue_wait_seconds(request, backlog, full)
-        if budget < execution:
-            spent = now - request.arrival
-            raise Unavailable(
-                f"{budget * 1000:.1f} ms left of a {given * 1000:.1f} ms deadline "
-                f"({spent * 1000:.1f} ms spent in the router) cannot cover ~{execution * 1000:.1f} ms "
-                f"execution at the current load (best case ~{best * 1000:.1f} ms)",
-                reason="deadline_unmeetable_now",
-                retry_after_s=max(wait, execution),
-            )
-        if budget < execution + wait:
-            raise Unavailable(
-                f"deadline of {budget * 1000:.1f} ms cannot be met at the current load "
-                f"(~{wait * 1000:.1f} ms queue + ~{execution * 1000:.1f} ms execution)",
-                reason="deadline_unmeetable_now",
-                retry_after_s=wait,
-            )
+        refusal = self.budget.admission_refusal(
+            deadline=request.deadline,
+            arrival=request.arrival,
+            now=now,
+            best=backlog.estimates.best_case_seconds(key.model, key.version, request.rows),
+            execution=execution,
+            wait=self.queue_wait_seconds(request, backlog, full),
+            rows=request.rows,
+        )
+        if refusal is not None:
+            raise refusal
 
     def release(self, request: QueuedRequest) -> None:
         """The request has ended (any outcome): free its in-flight slot, once."""

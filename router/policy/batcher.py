@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import Lane
 
@@ -114,11 +115,12 @@ class Batcher(Protocol):
 
 
 def _budget_bound(lane: Lane, ctx: BatchContext) -> float | None:
-    """The last moment to cut so the most urgent queued request still makes its deadline."""
+    """The last moment to cut so the most urgent queued request still makes its deadline (the deadline
+    budget's `cut_by`)."""
     latest = lane.earliest_latest_start()
     if latest is None:
         return None
-    return latest - (ctx.batch_seconds(lane.limits.max_batch_size) - ctx.batch_seconds(1))
+    return DeadlineBudget.cut_by(latest, ctx.batch_seconds(lane.limits.max_batch_size), ctx.batch_seconds(1))
 
 
 def _head(lane: Lane) -> float:

@@ -20,7 +20,8 @@ Rules, and where they live:
    a worker holding batches without progress is lost (health.py).
 4. answered, lost, refused: the fleet learns and judges the worker (fleet.py); each request ends, or is
    queued once more, by the rules of endings.py.
-5. the version to serve (versions.py) and a request's deadline (deadlines.py) are policy too.
+5. the version to serve (versions.py) is policy too; a request's deadline, every margin taken off it and
+   every rule that ends a request for lack of time are the deadline budget's (deadline_budget.py).
 Each piece of state has one owner, and none calls back into the core: the ledger and the health timers
 return what is due, the planner one step per lane; admission takes a `Backlog` of numbers (backlog.py);
 the queues own the lanes and their limits. The shell reads the core through `view` (core_view.py).
@@ -38,7 +39,6 @@ from collections.abc import Mapping
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
     Cancelled,
-    DeadlineExceeded,
     SluiceError,
     Unavailable,
 )
@@ -48,7 +48,7 @@ from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog
 from sluice_inference.router.policy.batcher import AdaptiveBatcher, Batcher, HostCost, TimerBatcher
 from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.core_view import CoreView
-from sluice_inference.router.policy.deadlines import deadline_for
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.dispatching import Dispatcher
 from sluice_inference.router.policy.endings import BUSY, Endings, no_worker
@@ -74,7 +74,6 @@ __all__ = [
     "MIN_RETRY_S",
     "RouterCore",
     "Serves",
-    "deadline_for",
     "version_to_serve",
 ]
 
@@ -168,8 +167,7 @@ class RouterCore:
         """A validated request: refuse it now, or admit and queue it (evicting less important work)."""
         decision = Decision()
         key = request.lane
-        if request.deadline <= now:
-            expired = DeadlineExceeded("deadline already passed on arrival", reason="expired_on_arrival")
+        if (expired := DeadlineBudget.expired_on_arrival(request.deadline, now)) is not None:
             self.endings.end(decision, request, expired)
         elif not self.serves(key.model, key.version):
             self.endings.end(decision, request, no_worker(key))
@@ -371,10 +369,7 @@ class RouterCore:
             self.endings.end(decision, request, self.endings.late(request, now))
         for dispatch, overdue in self.ledger.overdue(now):
             for request in overdue:
-                late = DeadlineExceeded(
-                    "deadline passed before the worker answered", reason="expired_on_worker"
-                )
-                self.endings.end(decision, request, late)
+                self.endings.end(decision, request, DeadlineBudget.expired_on_worker())
                 decision.drop(dispatch.worker_id, request.request_id)
         decision.wake(self.ledger.next_overdue())
         health = self.fleet.health

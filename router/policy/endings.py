@@ -8,15 +8,15 @@ Rules:
   (`BUSY`) is no one's fault and does not count as an attempt;
 - an answered request ends with its worker's error, DEADLINE_EXCEEDED `finished_late` after its deadline,
   or its outputs (and its lane learns how much of its budget it used);
-- a queued request shed at its latest start ends UNAVAILABLE while its deadline is ahead, else
-  DEADLINE_EXCEEDED; retry hints are the lane's drain time (backlog.py `drain_seconds`).
+- a queued request shed at its latest start ends as `DeadlineBudget.shed_in_queue` says; retry hints are
+  the lane's drain time (backlog.py `drain_seconds`).
+What counts as late is the deadline budget's (deadline_budget.py); this module only applies it.
 It holds the mechanisms it needs (admission, queues, workers, estimates), never the core.
 """
 
 from __future__ import annotations
 
 from sluice_inference.common.errors import (
-    DeadlineExceeded,
     Internal,
     SluiceError,
     Unavailable,
@@ -24,6 +24,7 @@ from sluice_inference.common.errors import (
 )
 from sluice_inference.router.policy.admission import AdmissionController
 from sluice_inference.router.policy.backlog import MIN_RETRY_S, drain_seconds
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lane_stats import LaneStats
 from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
@@ -120,8 +121,7 @@ class Endings:
             self.again_or_end(decision, request, busy, now, charge=False)
         elif item.code:
             self.end(decision, request, error_for_code(item.code, item.message, reason="worker_error"))
-        elif now > request.deadline:
-            late = DeadlineExceeded("finished after its deadline", reason="finished_late")
+        elif (late := DeadlineBudget.finished_late(request.deadline, now)) is not None:
             self.end(decision, request, late)
         else:
             budget = request.deadline - request.arrival
@@ -132,14 +132,7 @@ class Endings:
 
     def late(self, request: QueuedRequest, now: float) -> SluiceError:
         """The error of a queued request shed at its latest start."""
-        if now >= request.deadline:
-            return DeadlineExceeded("deadline passed while queued", reason="expired_in_queue")
-        return Unavailable(
-            f"shed before its deadline: {(request.deadline - now) * 1000:.1f} ms left is less than the "
-            "estimated time to run it",
-            reason="deadline_unmeetable",
-            retry_after_s=self.drain_seconds(request.lane),
-        )
+        return DeadlineBudget.shed_in_queue(request.deadline, now, self.drain_seconds(request.lane))
 
     def drain_seconds(self, key: LaneKey, rows: int | None = None) -> float:
         """Estimated time for the workers serving `key` to work through `rows` (default: the whole lane)."""

@@ -42,7 +42,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.errors import DeadlineExceeded, Unavailable
 from sluice_inference.router.policy.idempotency import (
     DEFAULT_MAX_BYTES,
@@ -237,9 +237,9 @@ class InProcessIdempotencyStore:
             remaining = min(deadline, seen.until) - now
             if remaining <= 0:
                 return None
-            changed = self._changed.setdefault(scoped_key, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            changed = asyncio.ensure_future(self._changed.setdefault(scoped_key, asyncio.Event()).wait())
+            if not await wait_until(self._clock, {changed}, now + remaining):
+                changed.cancel()
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -283,7 +283,7 @@ class RedisIdempotencyStore:
         self._prefix = prefix
         self._clock = clock or MonotonicClock()
         self._recheck_s = recheck_s
-        self._subscriber = Subscriber(redis)
+        self._subscriber = Subscriber(redis, clock=self._clock)
         self.outage = Outage("idempotency store", backoff_s=down_backoff_s, clock=self._clock)
         self.stats = IdempotencyStats()
 
@@ -347,8 +347,10 @@ class RedisIdempotencyStore:
                     remaining = deadline - self._clock.now()
                     if not isinstance(seen, Pending) or remaining <= 0:
                         return None if isinstance(seen, Pending) else seen
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), min(remaining, self._recheck_s))
+                    woken = asyncio.ensure_future(changed.wait())
+                    until = self._clock.now() + min(remaining, self._recheck_s)
+                    if not await wait_until(self._clock, {woken}, until):
+                        woken.cancel()
         except REDIS_ERRORS as exc:
             raise self._down(exc) from exc
 

@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from sluice_inference.common.clock import Clock, MonotonicClock
+from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,18 @@ class Outage:
             log.info("%s: Redis reachable again", self.what)
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a confirmation's failure as seen (asyncio logs an exception nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class Subscriber:
     """One pub/sub connection for a store; `watch(channel)` yields an Event set on each message there."""
 
-    def __init__(self, client: Redis, *, confirm_timeout_s: float = 0.5) -> None:
+    def __init__(self, client: Redis, *, clock: Clock, confirm_timeout_s: float = 0.5) -> None:
         self._client = client
+        self._clock = clock
         self._confirm_timeout_s = confirm_timeout_s
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -153,8 +160,9 @@ class Subscriber:
             confirmed = await self._add(channel, event)
             # A late confirmation (a loaded Redis) is not an error: waiters re-read on a timer anyway, so
             # the worst case is a wake-up delayed to that timer. A lost connection does raise.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(confirmed), self._confirm_timeout_s)
+            confirmed.add_done_callback(_retrieved)  # a failure after we stopped waiting is not an orphan
+            if await wait_until(self._clock, {confirmed}, self._clock.now() + self._confirm_timeout_s):
+                confirmed.result()  # raises if the connection failed
             yield event
         finally:
             await self._discard(channel, event)

@@ -21,7 +21,8 @@ from sluice_inference.router.policy.batcher import (
     WakeAt,
 )
 from sluice_inference.router.policy.catalog import ModelCatalog
-from sluice_inference.router.policy.core import BUSY, HANG_FACTOR, RouterCore, deadline_for, version_to_serve
+from sluice_inference.router.policy.core import BUSY, HANG_FACTOR, RouterCore, version_to_serve
+from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
 from sluice_inference.router.policy.outcomes import Served
 from sluice_inference.router.policy.scheduler import ExpectedCompletion
@@ -413,8 +414,10 @@ def test_without_a_version_the_newest_one_a_worker_accepts_batches_for_is_served
 
 
 def test_the_deadline_is_the_earlier_budget_never_past_the_maximum() -> None:
-    settings = RouterSettings(default_timeout_s=30, max_timeout_s=60)
-    assert deadline_for(settings, 100.0, None, None) == 130.0
-    assert deadline_for(settings, 100.0, 5.0, 2.0) == 102.0
-    assert deadline_for(settings, 100.0, 5.0, None) == 105.0
-    assert deadline_for(settings, 100.0, 3600.0, None) == 160.0  # a longer deadline is cut to the maximum
+    budget = DeadlineBudget.of(RouterSettings(default_timeout_s=30, max_timeout_s=60))
+    assert budget.deadline(100.0, None, None) == 130.0
+    assert budget.deadline(100.0, 5.0, 2.0) == 102.0
+    assert budget.deadline(100.0, 5.0, None) == 105.0
+    assert budget.deadline(100.0, 3600.0, None) == 160.0  # a longer deadline is cut to the maximum
+    assert budget.deadline(100.0, None, 3600.0) == 160.0  # and so is a longer `timeout`: the same rule
+    assert budget.deadline(100.0, None, (2**64 - 1) * 1e-6) == 160.0  # clamped before any arithmetic

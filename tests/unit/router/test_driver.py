@@ -77,6 +77,7 @@ class FakeLink(WorkerLink):
             on_up=lambda *_: None,
             on_closed=lambda *_: None,
             cluster=UNUSED_CLUSTER,
+            clock=MonotonicClock(),
         )
         self.driver = driver
         self.fail_sends = fail_sends
@@ -130,9 +131,13 @@ def decoded(record: ModelRecord = RECORD, value: float = 0.0) -> DecodedRequest:
 
 
 def make_driver(
-    links: WorkerLinks, *, worker_hang_s: float = 5.0, batcher: TimerBatcher | None = None
+    links: WorkerLinks,
+    *,
+    worker_hang_s: float = 5.0,
+    batcher: TimerBatcher | None = None,
+    clock: Clock | None = None,
 ) -> Driver:
-    clock = MonotonicClock()
+    clock = clock or MonotonicClock()
     core = RouterCore(
         clock.now(),
         settings=RouterSettings(worker_hang_s=worker_hang_s, watchdog_s=2.0),
@@ -281,6 +286,25 @@ async def test_batches_cut_in_one_decision_for_one_worker_travel_in_one_message(
     sent = [np.frombuffer(b.inputs[0].data, "<f4") for b in message.batches]
     assert sorted(float(x[0]) for x in sent) == [1.0, 2.0]  # each batch its own request's bytes
     assert [len(r.outputs) for r in replies] == [1, 1]
+
+
+async def test_a_fake_clock_drives_the_loops_sleep(links: WorkerLinks) -> None:
+    clock = FakeClock(100.0)
+    batcher = _HoldingBatcher(100.3)
+    driver = make_driver(links, batcher=batcher, clock=clock)
+    link = FakeLink("w1", driver)
+    links.add(link)
+    join(driver, "w1")
+    driver.start()
+    try:
+        reply = asyncio.ensure_future(driver.infer(decoded(), 105.0, TENANT, 1, arrival=100.0))
+        await asyncio.sleep(0.05)  # real time passes; the fake clock does not, so nothing is cut
+        assert not link.sent and not reply.done()
+        clock.jump_to(100.3)  # the loop's alarm is a timer on the injected clock: it wakes now
+        assert len((await asyncio.wait_for(reply, 1.0)).outputs) == 1
+        assert [len(m.batches) for m in link.sent] == [1]
+    finally:
+        await driver.stop()
 
 
 async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLinks) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+from sluice_inference.common.clock import FakeClock
 from sluice_inference.router.receive_gate import TenantSlots
 
 
 def test_each_tenant_has_its_own_cap_and_an_entry_only_while_it_holds_a_slot() -> None:
-    slots = TenantSlots(2)
+    slots = TenantSlots(2, FakeClock())
     assert slots.try_take("a") and slots.try_take("a")
     assert not slots.try_take("a")
     assert slots.try_take("b")
@@ -21,13 +22,20 @@ def test_each_tenant_has_its_own_cap_and_an_entry_only_while_it_holds_a_slot() -
 
 
 async def test_a_waiter_gets_the_slot_given_back_and_gives_up_at_its_limit() -> None:
-    slots = TenantSlots(1)
+    clock = FakeClock(10.0)
+    slots = TenantSlots(1, clock)
     assert slots.try_take("a")
     waiter = asyncio.create_task(slots.take("a", 5.0))
     await asyncio.sleep(0.01)
+    clock.advance(4.9)
+    await asyncio.sleep(0)
     assert not waiter.done()
     slots.give_back("a")
     assert await asyncio.wait_for(waiter, 1.0)
     assert slots.held == {"a": 1}
-    assert not await slots.take("a", 0.05)  # nobody gives it back
+    late = asyncio.create_task(slots.take("a", 0.05))  # nobody gives it back
+    await asyncio.sleep(0.01)
+    assert not late.done()  # only the injected clock ends the wait
+    clock.advance(0.05)
+    assert not await asyncio.wait_for(late, 1.0)
     assert slots.held == {"a": 1}

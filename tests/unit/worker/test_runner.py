@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice_inference.common.clock import FakeClock
+from sluice_inference.common.clock import FakeClock, MonotonicClock
 from sluice_inference.common.errors import Code, Internal
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.worker.backends import Backend
@@ -61,6 +61,7 @@ def poisoned(batch_id: int, values: Sequence[float], model: str = "toy") -> work
 
 def make_runner(models: Models, capacity: int = 8, **kwargs: Any) -> tuple[BatchRunner, WorkerMetrics]:
     metrics = WorkerMetrics()
+    kwargs.setdefault("clock", MonotonicClock())
     return BatchRunner(Executor(), models, metrics, capacity=capacity, **kwargs), metrics
 
 
@@ -320,7 +321,7 @@ class ClockedBackend:
 async def test_busy_fraction_and_timings_follow_the_clock() -> None:
     clock = FakeClock(100.0)
     model = fake_model(synthetic_config(), ClockedBackend(clock, RecordingBackend()))
-    runner, _ = make_runner({("toy", "1"): model}, now=clock.now)
+    runner, _ = make_runner({("toy", "1"): model}, clock=clock)
     assert runner.busy_fraction() == 0.0
     [result] = await run_batches(runner, batch(1, [1]), stream=StreamState())
     assert (result.queue_us, result.execute_us) == (0, 1_000_000)

@@ -1,0 +1,71 @@
+"""The clock's timers (common/clock.py): a FakeClock drives sleeps, timers and bounded waits without any
+real time passing, and the monotonic clock maps them onto the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice_inference.common.clock import FakeClock, MonotonicClock, sleep_until, wait_until
+
+
+async def settle() -> None:
+    """Let woken tasks run (a few turns of the loop, no real waiting)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_timers_fire_in_time_order_when_the_clock_passes_them_and_never_once_cancelled() -> None:
+    clock = FakeClock(10.0)
+    fired: list[str] = []
+    clock.call_at(12.0, lambda: fired.append("b"))
+    clock.call_at(11.0, lambda: fired.append("a"))
+    dropped = clock.call_at(11.5, lambda: fired.append("dropped"))
+    clock.call_at(9.0, lambda: fired.append("due"))
+    assert fired == []  # never from inside call_at, even when already due
+    dropped.cancel()
+    assert clock.next_timer() == 9.0
+    clock.advance(1.0)
+    assert fired == ["due", "a"]
+    clock.jump_to(20.0)
+    assert fired == ["due", "a", "b"] and clock.next_timer() is None
+
+
+async def test_a_sleep_ends_only_when_the_fake_clock_is_moved() -> None:
+    clock = FakeClock(0.0)
+    sleeper = asyncio.create_task(clock.sleep(5.0))
+    await settle()
+    clock.advance(4.0)
+    await settle()
+    assert not sleeper.done()
+    clock.advance(1.0)
+    await settle()
+    assert sleeper.done()
+    await sleep_until(clock, 1.0)  # already past: returns at once
+
+
+async def test_a_bounded_wait_ends_on_the_event_or_at_the_clocks_limit() -> None:
+    clock = FakeClock(0.0)
+    event = asyncio.Event()
+    waiting = asyncio.ensure_future(event.wait())
+    bounded = asyncio.create_task(wait_until(clock, {waiting}, 2.0))
+    await settle()
+    assert not bounded.done()
+    event.set()
+    assert await bounded and waiting.done()
+    never = asyncio.ensure_future(asyncio.Event().wait())
+    timed_out = asyncio.create_task(wait_until(clock, {never}, 2.0))
+    await settle()
+    clock.advance(2.0)
+    assert not await timed_out and not never.done()  # the waited-on future is left alone
+    never.cancel()
+
+
+async def test_the_monotonic_clock_uses_the_loop_timers_on_its_own_scale() -> None:
+    clock = MonotonicClock()
+    assert abs(clock.now() - asyncio.get_running_loop().time()) < 0.05
+    fired = asyncio.Event()
+    clock.call_at(clock.now() + 0.01, fired.set)
+    started = clock.now()
+    assert await wait_until(clock, {asyncio.ensure_future(fired.wait())}, started + 1.0)
+    assert clock.now() - started < 1.0
+    await clock.sleep(0.0)
