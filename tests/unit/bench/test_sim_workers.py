@@ -98,7 +98,7 @@ def sim_forwards() -> list[set[int]]:
     assert running is not None  # the device was idle: the hold runs, everything else waits
     for batch_id, (rows, length) in WAITING.items():
         assert worker.accept(dispatch(batch_id, rows, length), 0, 0.0) == (None, None)
-    forwards = []
+    forwards: list[set[int]] = []
     while True:
         _, running = worker.finish(running.ends)
         if running is None:
