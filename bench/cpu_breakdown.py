@@ -49,7 +49,6 @@ PROJECT_STAGES: tuple[tuple[str, str], ...] = (
     ("router/", "router: other"),
     ("worker/servicer.py", "worker: stream servicer"),
     ("worker/runner.py", "worker: runner (queue, merge, answers)"),
-    ("worker/merging.py", "worker: runner (queue, merge, answers)"),
     ("worker/device_thread.py", "worker: device thread (decode, stage)"),
     ("worker/executor.py", "worker: device thread (decode, stage)"),
     ("worker/validation.py", "worker: device thread (decode, stage)"),

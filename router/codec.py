@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy.typing as npt
 
-from sluice_inference.common.buckets import bucketed, padded_cost
+from sluice_inference.common.buckets import bucketed, row_cost
 from sluice_inference.common.errors import InvalidArgument
 from sluice_inference.common.records import ModelRecord, TensorSpec
 from sluice_inference.common.tensors import dtype_of, from_raw, from_values, shown_shape
@@ -256,7 +256,6 @@ def decode_call(
         t.name: bucketed(specs[t.name].dims, t.shape[1:], record.buckets.get(t.name, ())) for t in decoded
     }
     lane = LaneKey(record.name, record.version, tuple(sorted(padded.items())))
-    cost = sum(padded_cost(specs[name].dims, dims) for name, dims in padded.items())
     return DecodedRequest(
         record=record,
         client_id=call.id,
@@ -264,7 +263,7 @@ def decode_call(
         outputs=outputs,
         rows=rows,
         lane=lane,
-        cost=rows * max(1, cost),
+        cost=rows * row_cost((specs[name].dims, dims) for name, dims in padded.items()),
         timeout_s=timeout_s,
         response_bytes=expected,
     )

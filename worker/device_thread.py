@@ -6,8 +6,8 @@ owns the list of waiting batches and each `Work`'s fields past the first four; `
 through the inbox queue and go back inside a `Forward` through `deliver`, which order every access.
 - Intake (once per batch): look up the model, decode the items (one `frombuffer` per input, each item a
   view of it: common/batch_tensors.py), validate each (worker/executor.py `check_item`), and key the
-  batch for the merge (worker/merging.py): model, version, outputs, the one padded shape of its valid
-  items, and the most rows a forward of that shape may take.
+  batch for the merge (common/batching.py): model, version, outputs and the one padded shape of its
+  valid items, its valid rows and their cost, and the model's limits on one forward.
 - Whenever the device is free: take everything that arrived, choose the next forward (`next_forward`:
   the oldest waiting batch plus the waiting batches it merges with; nobody waits for a partner), skip the
   items the router cancelled or whose budget ran out, stage and run the rest as one prepared batch, split
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import NoOpTracer, Span, Tracer
 
 from sluice_inference.common.batch_tensors import row_ranges, split_arrays, whole_array
+from sluice_inference.common.batching import RUNS_ALONE, Candidate, next_forward
 from sluice_inference.common.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -51,12 +52,22 @@ from sluice_inference.worker.executor import (
     LoadedModel,
     check_items,
 )
-from sluice_inference.worker.merging import RUNS_ALONE, Candidate, MergeKey, max_rows, next_forward
+from sluice_inference.worker.padding import ShapeKey
 
 if TYPE_CHECKING:
     from sluice_inference.worker.runner import StreamState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergeKey:
+    """What batches must share to stack into one forward (common/batching.py `next_forward`)."""
+
+    model: str
+    version: str
+    outputs: tuple[str, ...]
+    shape: ShapeKey
 
 
 @dataclass(eq=False)
@@ -210,7 +221,8 @@ class DeviceThread:
             if len(shapes) == 1:
                 shape = shapes.pop()
                 key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shape)
-                work.candidate = Candidate(key, rows, max_rows(config, shape))
+                cost = rows * config.row_cost_of(shape)
+                work.candidate = Candidate(key, rows, cost, config.batch_limits)
         except Exception as exc:  # a bug must fail this batch's items, not stop the device thread
             log.exception("decoding batch %d failed", batch.batch_id)
             work.items, work.failed = [], fail_all(batch, exc)
@@ -294,7 +306,8 @@ class DeviceThread:
 
 
 def _next(waiting: list[Work]) -> tuple[list[Work], list[Work]]:
-    """The batches of the next forward (worker/merging.py) and those left waiting, in order."""
+    """The batches of the next forward (common/batching.py `next_forward`) and those left waiting, in
+    order."""
     chosen_at = set(next_forward([work.candidate for work in waiting]))
     chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
     return chosen, [work for i, work in enumerate(waiting) if i not in chosen_at]

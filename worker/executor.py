@@ -10,8 +10,9 @@ runs both on its device thread); `run` is both in sequence and blocks for the wh
 - every item gets exactly one outcome, in the order given: outputs or a typed error, never both;
 - a malformed item (worker/validation.py) fails alone with InvalidArgument, never blamed on the worker;
   the others still run;
-- items are stacked along dim 0 only when their padded (bucketed) shapes agree, in forward groups of at
-  most max_batch_size rows (shapes that differ run as separate forwards);
+- items are stacked along dim 0 only when their padded (bucketed) shapes agree, in forward groups within
+  the model's max_batch_size rows and max_batch_cost (common/batching.py; shapes that differ run as
+  separate forwards);
 - a failed forward is isolated exactly (worker/isolation.py): only items that fail alone fail, with
   Internal and the exception's message;
 - blame: items the model failed are the client's, unless the model also fails its canary (the warm-up
@@ -35,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from sluice_inference.common.batching import BatchFill
 from sluice_inference.common.errors import Internal, InvalidArgument, SluiceError
 from sluice_inference.common.records import ModelRecord
 from sluice_inference.common.tensors import DATATYPES
@@ -388,15 +390,22 @@ def _output(produced: dict[str, torch.Tensor], name: str) -> torch.Tensor:
 
 
 def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Planned]]:
-    """Items of equal padded (bucketed) shape, in arrival order, cut so no group exceeds max_batch_size
-    rows."""
-    by_shape: dict[ShapeKey, list[list[_Planned]]] = {}
+    """Items of equal padded (bucketed) shape, in arrival order, cut into forwards by the batching rule
+    (common/batching.py): a new forward whenever the next item would take its shape's current one past
+    the model's max_batch_size rows or max_batch_cost."""
+    by_shape: dict[ShapeKey, tuple[int, list[tuple[BatchFill, list[_Planned]]]]] = {}
+    limits = config.batch_limits
     for planned in valid:
-        groups = by_shape.setdefault(planned.shape, [[]])
-        if sum(p.rows for p in groups[-1]) + planned.rows > config.max_batch_size:
-            groups.append([])
-        groups[-1].append(planned)
-    return [group for groups in by_shape.values() for group in groups]
+        known = by_shape.get(planned.shape)
+        if known is None:
+            known = by_shape[planned.shape] = (config.row_cost_of(planned.shape), [])
+        row_cost, groups = known
+        if not groups or not groups[-1][0].take(planned.rows, planned.rows * row_cost):
+            fill = BatchFill(limits)
+            fill.take(planned.rows, planned.rows * row_cost)
+            groups.append((fill, []))
+        groups[-1][1].append(planned)
+    return [group for _, groups in by_shape.values() for _, group in groups]
 
 
 def warmup_lengths(config: ModelConfig) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from sluice_inference.common.batching import BatchLimits
+from sluice_inference.common.buckets import row_cost
 from sluice_inference.common.tensors import DATATYPES
 
 INTEGER_DATATYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
@@ -313,6 +316,17 @@ class ModelConfig(_Strict):
         if self.warmup_batch_sizes:
             return self.warmup_batch_sizes
         return tuple(sorted({1, self.max_batch_size}))
+
+    @property
+    def batch_limits(self) -> BatchLimits:
+        """What one forward of this model may hold, as the batching rule takes it (common/batching.py):
+        max_batch_size rows and max_batch_cost."""
+        return BatchLimits(self.max_batch_size, self.batching.max_batch_cost)
+
+    def row_cost_of(self, shape: Sequence[Sequence[int]]) -> int:
+        """What one row of padded `shape` (a non-batch shape per input, in `inputs` order) costs against
+        max_batch_cost (common/buckets.py `row_cost`, as routers count it)."""
+        return row_cost((spec.dims, dims) for spec, dims in zip(self.inputs, shape, strict=True))
 
     @property
     def masked_input(self) -> TensorConfig | None:

@@ -8,7 +8,7 @@ the loop itself, one forward per loop pass, and nothing is handed between thread
   `capacity` batches (all routers' streams together): every item UNAVAILABLE with reason "worker_busy",
   never executed, not the worker's fault, so the router places it elsewhere.
 - The device thread, whenever the device is free, runs the oldest waiting batch merged with the waiting
-  batches of the same model, version, outputs and padded shape that fit (worker/merging.py; from any
+  batches of the same model, version, outputs and padded shape that fit (common/batching.py; from any
   stream; nothing waits for a merge partner), and hands the answers of every batch in that forward back
   with one `call_soon_threadsafe`.
 - `_finish` (on the loop) encodes each batch's outcomes — one buffer per output for the items that

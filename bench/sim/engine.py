@@ -37,6 +37,7 @@ from sluice_inference.bench.sim.plan import RunPlan
 from sluice_inference.bench.sim.results import SimResult, WorkerStats
 from sluice_inference.bench.sim.scenario import Failure, SimScenario, worker_ids
 from sluice_inference.bench.sim.workers import Running, SimWorker
+from sluice_inference.common.buckets import row_cost
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.core import RouterCore
@@ -135,10 +136,13 @@ class Simulation:
 
     def _class_constants(self, cls: int) -> tuple[float, int, int]:
         """What every arrival of a class carries, worked out once: its deadline in seconds, its queued
-        bytes and its cost (rows x the lane's padded length: its shape bucket)."""
+        bytes and its cost (rows x the lane's padded length, its shape bucket: common/buckets.py `row_cost`
+        of its one variable-length input, as the router's codec counts it)."""
         spec = self.classes[cls]
-        length = self.plan.lanes[cls].shape[0][1][0]
-        return spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, spec.rows * length
+        shape = self.plan.lanes[cls].shape
+        length = shape[0][1][0]
+        cost = spec.rows * row_cost(((-1,) * len(dims), dims) for _, dims in shape)
+        return spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, cost
 
     def _warmup_timings(self) -> dict[int, float]:
         """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest

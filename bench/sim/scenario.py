@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sluice_inference.bench.loadgen_scenario import Arrivals, ScenarioError
+from sluice_inference.common.batching import BatchLimits
 
 MAX_ARRIVALS = 5_000_000
 """Arrival times are precomputed; more would take a lot of memory for no better figure."""
@@ -51,9 +52,7 @@ class ModelSpec(_Strict):
 
     def lane_rows(self, length: int) -> int:
         """Most rows of one-row requests a batch of this (padded) length holds (for capacity figures)."""
-        if self.max_batch_cost is None:
-            return self.max_batch_size
-        return max(1, min(self.max_batch_size, self.max_batch_cost // length))
+        return BatchLimits(self.max_batch_size, self.max_batch_cost).most_rows(length)
 
     def batch_seconds(self, rows: int, item_cost: float = 1.0) -> float:
         """t(rows) on a speed-1 worker, without noise."""

@@ -1,9 +1,10 @@
 """Simulated workers: one device each, like `worker/runner.py` — FIFO, merging, bounded, answering once.
 
 Rules (the real runner's):
-- batches run one forward at a time in the order they arrived; when the device frees up, the first
-  waiting batch starts, and the batches waiting behind it for the same lane (from any router) join its
-  forward pass up to the model's max batch size — each still gets its own answer;
+- batches run one forward at a time; when the device frees up, the forward is chosen by the real
+  worker's merge (common/batching.py `next_forward`): the oldest waiting batch, joined by every later
+  waiting batch of its lane (from any router) that fits the model's max batch size and max batch cost
+  (first fit, arrival order) — each still gets its own answer;
 - a batch arriving while the worker already holds `capacity` batches is answered at once with every item
   UNAVAILABLE `worker_busy` (the router places it elsewhere);
 - when a forward starts, its items whose deadline has passed, or that their router told it to drop, are
@@ -12,16 +13,18 @@ Rules (the real runner's):
   the largest per-item cost among its items (padding: a batch costs as its longest input);
 - a crashed worker runs nothing more: its batches never come back, the routers must learn of the loss.
 The worker draws its noise from its own generator, so adding a worker never changes another's times.
+A lane stands for the real worker's merge key (model, version, padded shape; the simulator does not
+model requested outputs).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from dataclasses import dataclass, field
 
 from sluice_inference.bench.sim.scenario import ModelSpec, Noise
+from sluice_inference.common.batching import BatchLimits, Candidate, next_forward
 from sluice_inference.common.errors import Code
 from sluice_inference.router.policy.core import BUSY
 from sluice_inference.router.policy.lanes import QueuedRequest
@@ -37,10 +40,11 @@ def class_of(request: QueuedRequest) -> int:
 
 @dataclass(frozen=True)
 class Held:
-    """A batch on the worker, and the router it answers to."""
+    """A batch on the worker, the router it answers to, and the batch as the merge sees it."""
 
     dispatch: Dispatch
     router: int
+    candidate: Candidate
 
 
 @dataclass
@@ -72,7 +76,8 @@ class SimWorker:
     alive: bool = True
     draining: bool = False
     running: Running | None = None
-    waiting: deque[Held] = field(default_factory=deque)
+    waiting: list[Held] = field(default_factory=list)
+    """Accepted batches not yet run, oldest first."""
     dropped: set[int] = field(default_factory=set)
     forwards: int = 0
     rows: int = 0
@@ -80,6 +85,11 @@ class SimWorker:
     forward_rows: list[int] = field(default_factory=list)
     max_held: int = 0
     """The most batches it ever held at once (all routers)."""
+    limits: BatchLimits = field(init=False)
+    """What one forward may hold: the model's limits, as the real worker takes them."""
+
+    def __post_init__(self) -> None:
+        self.limits = BatchLimits(self.model.max_batch_size, self.model.max_batch_cost)
 
     @property
     def held(self) -> int:
@@ -102,7 +112,9 @@ class SimWorker:
             busy = {r.request_id: ItemAnswer(r.request_id, int(Code.UNAVAILABLE), "worker full", reason=BUSY)
                     for r in dispatch.requests}  # fmt: skip
             return None, BatchAnswer(dispatch.batch_id, busy, 0, 0.0, self.held)
-        self.waiting.append(Held(dispatch, router))
+        cost = sum(request.cost for request in dispatch.requests)
+        candidate = Candidate(dispatch.lane, dispatch.rows, cost, self.limits)
+        self.waiting.append(Held(dispatch, router, candidate))
         self.max_held = max(self.max_held, self.held)
         return (self._start_next(now) if self.running is None else None), None
 
@@ -139,15 +151,9 @@ class SimWorker:
     def _start_next(self, now: float) -> Running | None:
         if not self.waiting:
             return None
-        first = self.waiting.popleft()
-        batches = [first]
-        rows = first.dispatch.rows
-        while self.waiting and self.waiting[0].dispatch.lane == first.dispatch.lane:
-            following = self.waiting[0].dispatch.rows
-            if rows + following > self.model.max_batch_size:
-                break
-            batches.append(self.waiting.popleft())
-            rows += following
+        chosen = set(next_forward([held.candidate for held in self.waiting]))
+        batches = [held for i, held in enumerate(self.waiting) if i in chosen]
+        self.waiting = [held for i, held in enumerate(self.waiting) if i not in chosen]
         skipped: dict[int, int] = {}
         live = []
         for held in batches:

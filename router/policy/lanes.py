@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from sluice_inference.common.batching import BatchFill, BatchLimits
+
 
 class LaneKey(NamedTuple):
     """What makes requests batch-compatible. A tuple, so hashing it (a dictionary lookup or two per request)
@@ -54,6 +56,11 @@ class LaneLimits:
     max_batch_bytes: int | None = None
     """Cap on a batch's summed request `wire_bytes`, so a batch and its result fit one message to and from
     the worker (the cluster's message limit)."""
+
+    @property
+    def batch(self) -> BatchLimits:
+        """These limits as the batching rule takes them (common/batching.py)."""
+        return BatchLimits(self.max_batch_size, self.max_batch_cost, self.max_batch_bytes)
 
 
 @dataclass(eq=False, slots=True)
@@ -231,24 +238,17 @@ class Lane:
         return request
 
     def pop_batch(self, now: float) -> list[QueuedRequest]:
-        """Take requests in serving order while their rows fit `max_batch_size`, their costs
-        `max_batch_cost` and their bytes `max_batch_bytes` (always at least one)."""
+        """Take requests in serving order while they fit the lane's limits (common/batching.py: rows,
+        costs and wire bytes; always at least one)."""
         batch: list[QueuedRequest] = []
-        rows = cost = size = 0
-        cost_cap, bytes_cap = self.limits.max_batch_cost, self.limits.max_batch_bytes
+        fill = BatchFill(self.limits.batch)
         while self._requests:
             request = self.pop_next(now)
             assert request is not None
-            too_many = rows + request.rows > self.limits.max_batch_size
-            too_costly = cost_cap is not None and cost + request.cost > cost_cap
-            too_big = bytes_cap is not None and size + request.wire_bytes > bytes_cap
-            if batch and (too_many or too_costly or too_big):
+            if not fill.take(request.rows, request.cost, request.wire_bytes):
                 self._requeue(request)
                 break
             batch.append(request)
-            rows += request.rows
-            cost += request.cost
-            size += request.wire_bytes
         return batch
 
     def _requeue(self, request: QueuedRequest) -> None:

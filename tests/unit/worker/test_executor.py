@@ -154,6 +154,22 @@ def test_groups_respect_max_batch_size(executor: Executor) -> None:
         np.testing.assert_array_equal(ok(outcome)["y"], np.full((3, 4), i + 1, np.float32))
 
 
+def test_groups_respect_max_batch_cost_per_padded_shape(executor: Executor) -> None:
+    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
+    config = synthetic_config(
+        backend="torch_export",
+        synthetic=None,
+        inputs=variable,
+        outputs=[{**variable[0], "name": "y"}],
+        batching={"buckets": {"x": [4, 16]}, "max_batch_cost": 32},
+    )
+    backend = RecordingBackend()
+    lengths = [3, 10, 3, 10, 3, 10, 3, 3]  # bucket 4 costs 4 a row (8 rows fit), bucket 16 costs 16 (2)
+    items = [ExecItem(i, {"x": np.zeros((1, n), np.float32)}) for i, n in enumerate(lengths)]
+    assert all(o.error is None for o in executor.run(fake_model(config, backend), items))
+    assert [tuple(call["x"].shape) for call in backend.calls] == [(5, 4), (2, 16), (1, 16)]
+
+
 def test_mask_input_is_supplied(executor: Executor) -> None:
     config = synthetic_config(
         backend="torch_export",
