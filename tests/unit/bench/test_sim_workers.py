@@ -16,6 +16,7 @@ import numpy as np
 from sluice_inference.bench.sim.scenario import ModelSpec, Noise
 from sluice_inference.bench.sim.workers import SimWorker
 from sluice_inference.common.buckets import bucket_for, row_cost
+from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
 from sluice_inference.router.policy.outcomes import Dispatch
 from sluice_inference.worker.executor import Executor
@@ -57,7 +58,7 @@ async def real_forwards() -> list[set[int]]:
         ("hold", "1"): fake_model(synthetic_config("hold"), gated),
         ("seq", "1"): fake_model(seq, RecordingBackend()),
     }
-    runner = BatchRunner(Executor(), models, WorkerMetrics(), capacity=16)
+    runner = BatchRunner(Executor(), models, WorkerMetrics(), capacity=16, clock=MonotonicClock())
     stream = StreamState()
     hold = packed_batch(HOLD, "hold", "1", [(HOLD, {"x": np.zeros((1, 4), "<f4")})], budget_us=10**7)
     batches = [
