@@ -54,7 +54,6 @@ from sluice_inference.router.policy.idempotency import (
     Pending,
     Proceed,
     Record,
-    RecordRejected,
     Replay,
     StoredOutcome,
     Ticket,
@@ -62,14 +61,13 @@ from sluice_inference.router.policy.idempotency import (
     completed,
     conflict_error,
     decide,
-    decode_record,
-    encode_record,
     in_flight,
     may_complete,
     may_release,
     on_wake,
     store_down_error,
 )
+from sluice_inference.router.policy.idempotency_records import RecordRejected, decode_record, encode_record
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.redis_conn import REDIS_ERRORS, Outage, Subscriber
 

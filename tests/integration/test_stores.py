@@ -31,9 +31,9 @@ from sluice_inference.router.policy.idempotency import (
     StoredError,
     StoredSuccess,
     Wait,
-    encode_record,
     scoped_key,
 )
+from sluice_inference.router.policy.idempotency_records import encode_record
 from sluice_inference.router.policy.result_cache import CachedResult, encode_entry
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.cache_store import ResultCacheStore

@@ -16,21 +16,19 @@ from sluice_inference.router.policy.idempotency import (
     Pending,
     Proceed,
     Record,
-    RecordRejected,
     Replay,
     State,
     StoredError,
     StoredSuccess,
     Ticket,
     Wait,
-    decode_record,
-    encode_record,
     lease_seconds,
     on_wake,
     scoped_key,
     settle,
     validate_key,
 )
+from sluice_inference.router.policy.idempotency_records import RecordRejected, decode_record, encode_record
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.idempotency_store import InProcessIdempotencyStore, acquire
 
