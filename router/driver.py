@@ -348,8 +348,9 @@ class Driver:
             self._send(worker_id, message, sent.get(worker_id, []), now)
         if decision.wake_at is not None and decision.wake_at < self._sleeping_until:
             self._alarm.set()
-        self._metrics.queue_depth.set(self.core.queues.queued())
-        self._metrics.in_flight_batches.set(len(self.core.in_flight))
+        view = self.core.view
+        self._metrics.queue_depth.set(view.queued())
+        self._metrics.in_flight_batches.set(view.in_flight_batches())
 
     def _settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
         future = _waiter(request).future
@@ -487,7 +488,7 @@ class Driver:
         return bound
 
     def _model_of(self, batch_id: int) -> str:
-        dispatch = self.core.in_flight.get(batch_id)
+        dispatch = self.core.view.dispatch(batch_id)
         return "unknown" if dispatch is None else dispatch.lane.model
 
 
