@@ -46,7 +46,7 @@ from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand
-from sluice_inference.router.policy.lanes import QueuedRequest
+from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLinks
@@ -221,12 +221,13 @@ class Driver:
             payload=Waiter(decoded, future, span if span.is_valid else None),
             tenant=tenant.name,
             priority=priority,
+            limits=LaneLimits.of(decoded.record),
             weight=tenant.settings.weight,
             input_bytes=decoded.input_bytes,
             response_bytes=decoded.response_bytes,
             cost=decoded.cost,
         )
-        self._carry_out(self.core.arrive(now, request, self.core.limits(decoded.record)), now)
+        self._carry_out(self.core.arrive(now, request), now)
         if not future.done():
             self._metrics.admissions.labels(
                 self._metrics.tenant_label(tenant.name), self._metrics.priority_label(priority)

@@ -64,17 +64,20 @@ def measure(rows: int, requests: int) -> CoreSpeed:
     core.worker_registered(0.0, "w0", {(KEY.model, KEY.version): WARMUP}, 1, True)
     core.worker_connected(0.0, "w0", True)
     # The first request keeps the worker busy, so each cycle's arrivals queue behind its batch.
-    first = core.new_request(0.0, lane=KEY, rows=1, deadline=DEADLINE_S, payload=None, tenant="t", priority=1)
-    [running] = core.arrive(0.0, first, LIMITS).dispatches
+    first = core.new_request(
+        0.0, lane=KEY, rows=1, deadline=DEADLINE_S, payload=None, tenant="t", priority=1, limits=LIMITS
+    )
+    [running] = core.arrive(0.0, first).dispatches
     cycles = -(-requests // rows)
     started = time.process_time()
     now = 0.0
     for _ in range(cycles):
         for _ in range(rows):
             request = core.new_request(
-                now, lane=KEY, rows=1, deadline=now + DEADLINE_S, payload=None, tenant="t", priority=1
-            )
-            core.arrive(now, request, LIMITS)
+                now, lane=KEY, rows=1, deadline=now + DEADLINE_S, payload=None, tenant="t", priority=1,
+                limits=LIMITS,
+            )  # fmt: skip
+            core.arrive(now, request)
         now += CYCLE_S
         [running] = core.answered(now, running.worker_id, _answer(running)).dispatches
         if running.rows != rows:

@@ -317,9 +317,9 @@ class Simulation:
         deadline = now + deadline_s - self.overhead_s
         request = core.new_request(
             now, lane=lane, rows=spec.rows, deadline=deadline, payload=(index, cls), tenant=spec.tenant,
-            priority=spec.priority, input_bytes=input_bytes, cost=cost,
+            priority=spec.priority, limits=self.plan.limits[cls], input_bytes=input_bytes, cost=cost,
         )  # fmt: skip
-        self._apply(router, core.arrive(now, request, self.plan.limits[cls]), now, ticked=False)
+        self._apply(router, core.arrive(now, request), now, ticked=False)
 
     def _forward_done(self, worker: SimWorker, now: float) -> None:
         if not worker.alive or worker.running is None or worker.running.ends != now:

@@ -7,7 +7,7 @@ Rules:
 - a variant that drops classes removes their arrivals from the *same* schedule: the remaining classes
   see identical arrival times in both runs, so a comparison isolates the dropped traffic's effect;
 - each class's lane is its shape bucket (model, version, input length), as the router keys lanes; the
-  limits are the model's, as `router/driver.py` passes them for every lane.
+  limits are the model's, as `router/driver.py` builds them from the record for every request.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
@@ -42,7 +43,6 @@ from sluice_inference.common.errors import (
     SluiceError,
     Unavailable,
 )
-from sluice_inference.common.records import ModelRecord
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
 from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog
 from sluice_inference.router.policy.batcher import AdaptiveBatcher, Batcher, HostCost, TimerBatcher
@@ -143,28 +143,30 @@ class RouterCore:
         payload: object,
         tenant: str,
         priority: int,
+        limits: LaneLimits,
         weight: float = 1.0,
         input_bytes: int = 0,
         response_bytes: int = 0,
         cost: int = 1,
     ) -> QueuedRequest:
         """A request as the core keeps it, with a fresh id; `payload` is the shell's and never looked at.
-        `arrival` is when it reached the router (its whole budget is `deadline - arrival`).
-        What it weighs on the worker stream (its inputs, its expected outputs and their framing) is what
-        batches are cut by to fit the cluster's message limit."""
+        `arrival` is when it reached the router (its whole budget is `deadline - arrival`); it carries its
+        model version's `limits` (`LaneLimits.of(record)`) to `arrive`. What it weighs on the worker stream
+        (inputs, expected outputs, framing) is what batches are cut by to fit the cluster's message limit,
+        the core's `max_batch_bytes`, which is added to its limits here."""
+        if self.max_batch_bytes is not None:
+            limits = replace(limits, max_batch_bytes=self.max_batch_bytes)
         return QueuedRequest(
-            next(self._request_ids), lane, rows, arrival, deadline, payload, tenant=tenant, priority=priority,
-            weight=weight, size_bytes=input_bytes, cost=cost,
+            next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant=tenant,
+            priority=priority, weight=weight, size_bytes=input_bytes, cost=cost,
             wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
         )  # fmt: skip
 
-    def limits(self, record: ModelRecord) -> LaneLimits:
-        """The batching limits of a model version's lanes."""
-        limits = (record.max_batch_size, record.max_wait_s, record.max_batch_cost, self.max_batch_bytes)
-        return LaneLimits(*limits)
-
-    def arrive(self, now: float, request: QueuedRequest, limits: LaneLimits) -> Decision:
-        """A validated request: refuse it now, or admit and queue it (evicting less important work)."""
+    def arrive(self, now: float, request: QueuedRequest) -> Decision:
+        """A validated request: refuse it now, or admit and queue it (evicting less important work) under
+        the lane limits it carries (ValueError without them)."""
+        if (limits := request.limits) is None:
+            raise ValueError(f"request {request.request_id} arrived without its lane limits")
         decision = Decision()
         key = request.lane
         if (expired := DeadlineBudget.expired_on_arrival(request.deadline, now)) is not None:

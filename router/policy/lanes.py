@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sluice_inference.common.batching import BatchFill, BatchLimits
+from sluice_inference.common.records import ModelRecord
 
 
 class LaneKey(NamedTuple):
@@ -57,6 +58,12 @@ class LaneLimits:
     """Cap on a batch's summed request `wire_bytes`, so a batch and its result fit one message to and from
     the worker (the cluster's message limit)."""
 
+    @classmethod
+    def of(cls, record: ModelRecord) -> LaneLimits:
+        """A model version's limits as its registration states them (a pure function of the record, so
+        the shell builds them with the request; the core adds its message cap in `new_request`)."""
+        return cls(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+
     @property
     def batch(self) -> BatchLimits:
         """These limits as the batching rule takes them (common/batching.py)."""
@@ -73,6 +80,10 @@ class QueuedRequest:
     arrival: float
     deadline: float
     payload: object = field(default=None, repr=False)
+    limits: LaneLimits | None = None
+    """Its lane's batching limits, as its model version was registered when it came in: they ride with
+    the request, so the core learns them at `arrive` with no question back to the shell (None only for a
+    request that never arrives, as in the lane and ledger tests)."""
     tenant: str = ""
     priority: int = 1
     weight: float = 1.0

@@ -60,11 +60,13 @@ def request(
     size: int = 100,
     rows: int = 1,
     lane: LaneKey = KEY,
+    limits: LaneLimits = LIMITS,
 ) -> QueuedRequest:
-    """A validated request arriving at `now`."""
+    """A validated request arriving at `now`, under `limits`."""
     return QueuedRequest(
-        next(_ids), lane, rows, now, now + timeout, tenant=tenant, priority=priority, size_bytes=size
-    )
+        next(_ids), lane, rows, now, now + timeout, limits=limits, tenant=tenant, priority=priority,
+        size_bytes=size,
+    )  # fmt: skip
 
 
 def ok_answer(dispatch: Dispatch, execute_s: float = 0.005, queued: int | None = None) -> BatchAnswer:
@@ -98,5 +100,5 @@ def occupy(core: RouterCore, worker_id: str = "w") -> Dispatch:
     """Join a worker that takes one batch at a time and give it one (never answered unless the test
     does): requests that arrive next stay queued."""
     join(core, worker_id, capacity=1)
-    [dispatch] = core.arrive(0.0, request(0.0, timeout=60.0, tenant="gold", priority=1), LIMITS).dispatches
+    [dispatch] = core.arrive(0.0, request(0.0, timeout=60.0, tenant="gold", priority=1)).dispatches
     return dispatch

@@ -28,7 +28,6 @@ from sluice_inference.router.policy.outcomes import Served
 from sluice_inference.router.policy.scheduler import ExpectedCompletion
 from tests.unit.router.core_support import (
     KEY,
-    LIMITS,
     failed_answer,
     join,
     make_core,
@@ -55,9 +54,7 @@ def core() -> RouterCore:
 
 def test_a_request_whose_deadline_already_passed_ends_at_once(core: RouterCore) -> None:
     late = request(1.0, timeout=0.0)
-    assert outcomes(core.arrive(1.0, late, LIMITS)) == {
-        late.request_id: "DEADLINE_EXCEEDED/expired_on_arrival"
-    }
+    assert outcomes(core.arrive(1.0, late)) == {late.request_id: "DEADLINE_EXCEEDED/expired_on_arrival"}
     assert core.admission.limiter.inflight["bronze"] == 0
 
 
@@ -65,7 +62,7 @@ def test_a_request_no_accepting_worker_serves_is_refused_retryably() -> None:
     core = make_core()
     join(core, "w1", ready=False)  # registered draining
     lonely = request(0.0)
-    decision = core.arrive(0.0, lonely, LIMITS)
+    decision = core.arrive(0.0, lonely)
     assert outcomes(decision) == {lonely.request_id: "UNAVAILABLE/no_worker"}
     assert decision.settled[0].outcome.retry_after_s  # type: ignore[union-attr]
 
@@ -74,15 +71,15 @@ def test_a_request_no_accepting_worker_serves_is_refused_retryably() -> None:
 
 
 def test_idle_workers_get_work_immediately(core: RouterCore) -> None:
-    decision = core.arrive(0.0, request(0.0), LIMITS)
+    decision = core.arrive(0.0, request(0.0))
     assert [d.reason for d in decision.dispatches] == ["idle_worker"]
 
 
 def test_busy_workers_accumulate_until_max_wait(core: RouterCore) -> None:
     for _ in range(2):  # occupy one place on each worker
-        core.arrive(0.0, request(0.0), WIDE)
+        core.arrive(0.0, request(0.0, limits=WIDE))
     for _ in range(3):
-        assert core.arrive(0.0, request(0.0), WIDE).dispatches == []
+        assert core.arrive(0.0, request(0.0, limits=WIDE)).dispatches == []
     decision = core.tick(0.0)
     assert decision.wake_at == pytest.approx(WIDE.max_wait_s)
     decision = core.tick(WIDE.max_wait_s)
@@ -91,16 +88,18 @@ def test_busy_workers_accumulate_until_max_wait(core: RouterCore) -> None:
 
 def test_a_full_batch_leaves_without_waiting(core: RouterCore) -> None:
     for _ in range(2):
-        core.arrive(0.0, request(0.0), WIDE)
+        core.arrive(0.0, request(0.0, limits=WIDE))
     dispatched = [
-        d for _ in range(WIDE.max_batch_size + 3) for d in core.arrive(0.0, request(0.0), WIDE).dispatches
+        d
+        for _ in range(WIDE.max_batch_size + 3)
+        for d in core.arrive(0.0, request(0.0, limits=WIDE)).dispatches
     ]
     assert [(d.rows, d.reason) for d in dispatched] == [(8, "full")]
 
 
 def test_at_most_per_router_batches_on_each_worker(core: RouterCore) -> None:
     for _ in range(40):
-        core.arrive(0.0, request(0.0), WIDE)
+        core.arrive(0.0, request(0.0, limits=WIDE))
     core.tick(0.5)
     assert {w.worker_id: w.in_flight_batches for w in core.workers} == {"w1": 2, "w2": 2}
     assert core.queues.queued() > 0
@@ -111,7 +110,7 @@ def test_other_routers_batches_count_against_a_workers_capacity() -> None:
     join(core, "w1", capacity=3)
     join(core, "w2", capacity=3)
     core.worker_reported(0.0, "w1", True, queued_batches=3)  # other routers fill w1
-    sent = [d.worker_id for _ in range(4) for d in core.arrive(0.0, request(0.0), LIMITS).dispatches]
+    sent = [d.worker_id for _ in range(4) for d in core.arrive(0.0, request(0.0)).dispatches]
     assert set(sent) == {"w2"}  # w1 is full whatever this router holds there
     reported = core.worker_reported(0.1, "w1", True, queued_batches=1)  # they were answered
     assert [d.worker_id for d in reported.dispatches] == ["w1"]
@@ -122,25 +121,25 @@ def test_expected_completion_avoids_a_worker_other_routers_keep_busy() -> None:
     join(core, "w1", capacity=8)
     join(core, "w2", capacity=8)
     core.worker_reported(0.0, "w1", True, queued_batches=5)  # w1 holds 5 batches of other routers
-    [dispatch] = core.arrive(0.0, request(0.0), LIMITS).dispatches
+    [dispatch] = core.arrive(0.0, request(0.0)).dispatches
     assert dispatch.worker_id == "w2"
 
 
 def test_least_loaded_worker_is_chosen(core: RouterCore) -> None:
-    first = core.arrive(0.0, request(0.0), LIMITS).dispatches[0]
-    second = core.arrive(0.0, request(0.0), LIMITS).dispatches[0]
+    first = core.arrive(0.0, request(0.0)).dispatches[0]
+    second = core.arrive(0.0, request(0.0)).dispatches[0]
     assert {first.worker_id, second.worker_id} == {"w1", "w2"}
     core.answered(0.001, first.worker_id, ok_answer(first))
-    third = core.arrive(0.001, request(0.001), LIMITS).dispatches[0]
+    third = core.arrive(0.001, request(0.001)).dispatches[0]
     assert third.worker_id == first.worker_id
 
 
 def test_lanes_never_mix_shapes(core: RouterCore) -> None:
     other = LaneKey("m", "1", (("input", (128,)),))
     for _ in range(2):
-        core.arrive(0.0, request(0.0), WIDE)
-    core.arrive(0.0, request(0.0), WIDE)
-    core.arrive(0.0, request(0.0, lane=other), WIDE)
+        core.arrive(0.0, request(0.0, limits=WIDE))
+    core.arrive(0.0, request(0.0, limits=WIDE))
+    core.arrive(0.0, request(0.0, lane=other, limits=WIDE))
     batches = core.tick(WIDE.max_wait_s).dispatches
     assert sorted(d.lane for d in batches) == sorted([KEY, other])
     assert all(len(d.requests) == 1 for d in batches)
@@ -148,7 +147,7 @@ def test_lanes_never_mix_shapes(core: RouterCore) -> None:
 
 def test_a_draining_worker_gets_no_new_batches(core: RouterCore) -> None:
     core.worker_reported(0.0, "w1", False, queued_batches=0)  # its stream says DRAINING
-    sent = {d.worker_id for _ in range(3) for d in core.arrive(0.0, request(0.0), LIMITS).dispatches}
+    sent = {d.worker_id for _ in range(3) for d in core.arrive(0.0, request(0.0)).dispatches}
     assert sent == {"w2"}
 
 
@@ -167,9 +166,9 @@ def test_batches_are_cut_to_fit_the_worker_message_limit() -> None:
     limits = LaneLimits(max_batch_size=8, max_wait_s=0.0, max_batch_bytes=10_000)
     busy = occupy(core)  # one worker, one batch at a time: the big requests queue behind it
     for _ in range(6):
-        big = request(0.0, timeout=60)
+        big = request(0.0, timeout=60, limits=limits)
         big.wire_bytes = 4_000
-        core.arrive(0.0, big, limits)
+        core.arrive(0.0, big)
     sizes, answering = [], busy
     for step in range(4):
         next_batches = core.answered(0.01 * (step + 1), "w", ok_answer(answering)).dispatches
@@ -178,6 +177,22 @@ def test_batches_are_cut_to_fit_the_worker_message_limit() -> None:
         [answering] = next_batches
         sizes.append(len(answering.requests))
     assert sizes == [2, 2, 2]  # 6 requests of 4,000 bytes under a 10,000-byte cap
+
+
+def test_a_request_carries_its_model_limits_capped_by_the_message_limit() -> None:
+    core = make_core(max_batch_bytes=10_000)
+    spec = TensorSpec(name="x", datatype="FP32", dims=(4,))
+    record = ModelRecord(name="m", version="1", digest="d", platform="synthetic", max_batch_size=8,
+                         max_wait_s=0.003, max_batch_cost=64, inputs=(spec,), outputs=(spec,))  # fmt: skip
+    made = core.new_request(
+        0.0, lane=KEY, rows=1, deadline=1.0, payload=None, tenant="gold", priority=1,
+        limits=LaneLimits.of(record),
+    )  # fmt: skip
+    assert made.limits == LaneLimits(8, 0.003, 64, 10_000)
+    bare = request(0.0)
+    bare.limits = None
+    with pytest.raises(ValueError, match="without its lane limits"):
+        core.arrive(0.0, bare)
 
 
 class _BrokenBatcher(TimerBatcher):
@@ -192,12 +207,10 @@ def test_a_bug_in_one_lane_fails_that_lane_only() -> None:
     core.worker_registered(0.0, "w1", {("m", "1"): {}, ("broken", "1"): {}}, 2, True)
     core.worker_connected(0.0, "w1", True)
     broken = request(0.0, lane=LaneKey("broken", "1"))
-    decision = core.arrive(0.0, broken, LIMITS)
+    decision = core.arrive(0.0, broken)
     assert outcomes(decision) == {broken.request_id: "INTERNAL/internal"}
     fine = request(0.0)
-    assert [r.request_id for d in core.arrive(0.0, fine, LIMITS).dispatches for r in d.requests] == [
-        fine.request_id
-    ]
+    assert [r.request_id for d in core.arrive(0.0, fine).dispatches for r in d.requests] == [fine.request_id]
 
 
 class _Recording(TimerBatcher):
@@ -215,10 +228,10 @@ def test_the_batcher_sees_the_host_cost_with_the_routers_arrival_rate_only_while
     batcher = _Recording()
     core = make_core(batcher=batcher)
     join(core, "w", capacity=8)
-    core.arrive(0.0, request(0.0), LIMITS)
+    core.arrive(0.0, request(0.0))
     assert batcher.contexts[-1].host == NO_HOST_COST
     core.host_load(0.5, batch_s=0.002, row_s=0.0005, constrained=False)
-    core.arrive(0.5, request(0.5), LIMITS)  # the worker now holds a batch: this one waits in the lane
+    core.arrive(0.5, request(0.5))  # the worker now holds a batch: this one waits in the lane
     assert batcher.contexts[-1].host == HostCost(0.002, 0.0005, False, 0.0)  # no rate: it is not used
     core.host_load(1.0, batch_s=0.002, row_s=0.0005, constrained=True)  # its tick decides for the lane
     assert len(batcher.contexts) == 3
@@ -239,7 +252,7 @@ def test_host_costs_outside_their_range_are_refused(bad: float) -> None:
 
 def test_a_dispatched_request_ends_at_its_deadline_even_if_its_worker_never_answers(core: RouterCore) -> None:
     early, later = request(0.0, timeout=0.05), request(0.0, timeout=0.2)
-    sent = [d for r in (early, later) for d in core.arrive(0.0, r, LIMITS).dispatches]
+    sent = [d for r in (early, later) for d in core.arrive(0.0, r).dispatches]
     assert len(sent) == 2
     decision = core.tick(early.deadline)
     assert outcomes(decision) == {early.request_id: "DEADLINE_EXCEEDED/expired_on_worker"}
@@ -256,7 +269,7 @@ def test_a_worker_that_holds_work_and_answers_nothing_is_lost() -> None:
     core = make_core(settings=RouterSettings(worker_hang_s=5.0))
     join(core, "w1")
     held = request(0.0, timeout=60)
-    [sent] = core.arrive(0.0, held, LIMITS).dispatches
+    [sent] = core.arrive(0.0, held).dispatches
     join(core, "w2")
     assert core.tick(4.9).lost == []
     decision = core.tick(5.0)
@@ -271,7 +284,7 @@ def test_a_worker_that_holds_work_and_answers_nothing_is_lost() -> None:
 def test_a_long_batch_gets_ten_times_its_estimate_before_it_counts_as_hung() -> None:
     core = make_core(settings=RouterSettings(worker_hang_s=0.1))
     join(core, "w1")
-    [sent] = core.arrive(0.0, request(0.0, timeout=60), LIMITS).dispatches
+    [sent] = core.arrive(0.0, request(0.0, timeout=60)).dispatches
     assert core.tick(HANG_FACTOR * sent.expected_s * 0.99).lost == []
     assert core.tick(HANG_FACTOR * sent.expected_s).lost == ["w1"]
 
@@ -284,9 +297,9 @@ def test_an_idle_worker_is_never_hung(core: RouterCore) -> None:
 
 
 def test_learning_measures_from_when_the_worker_could_start_the_batch(core: RouterCore) -> None:
-    first, second = (core.arrive(0.0, request(0.0, rows=4), LIMITS).dispatches[0] for _ in range(2))
+    first, second = (core.arrive(0.0, request(0.0, rows=4)).dispatches[0] for _ in range(2))
     assert first.worker_id != second.worker_id
-    third = core.arrive(0.0, request(0.0, rows=4), LIMITS).dispatches[0]  # queued behind `first`
+    third = core.arrive(0.0, request(0.0, rows=4)).dispatches[0]  # queued behind `first`
     decision = core.answered(0.020, first.worker_id, ok_answer(first, execute_s=0.004))
     [learned] = decision.learned
     assert learned.seconds == pytest.approx(0.020)  # sent to an idle worker at 0: the whole 20 ms
@@ -299,24 +312,22 @@ def test_learning_measures_from_when_the_worker_could_start_the_batch(core: Rout
 
 def test_only_failures_the_worker_blames_on_itself_open_its_breaker(core: RouterCore) -> None:
     for _ in range(5):  # batches of nothing but bad items: the client's fault
-        [sent] = core.arrive(0.0, request(0.0), LIMITS).dispatches
+        [sent] = core.arrive(0.0, request(0.0)).dispatches
         decision = core.answered(0.0, sent.worker_id, failed_answer(sent, worker_fault=False))
         assert set(outcomes(decision).values()) == {"INTERNAL/worker_error"}
     assert all(core.breaker.allows(w, 0.0) for w in ("w1", "w2"))
     for _ in range(3):
-        occupied = core.arrive(0.0, request(0.0), LIMITS).dispatches
+        occupied = core.arrive(0.0, request(0.0)).dispatches
         for sent in occupied:
             core.answered(0.0, sent.worker_id, failed_answer(sent, worker_fault=True))
     blamed = [w for w in ("w1", "w2") if not core.breaker.allows(w, 0.0)]
     assert blamed  # three failures it blames on itself: its breaker opens ...
-    assert all(
-        d.worker_id not in blamed for _ in range(3) for d in core.arrive(0.0, request(0.0), LIMITS).dispatches
-    )
+    assert all(d.worker_id not in blamed for _ in range(3) for d in core.arrive(0.0, request(0.0)).dispatches)
 
 
 def test_an_answer_after_the_deadline_is_deadline_exceeded_never_ok(core: RouterCore) -> None:
     slow = request(0.0, timeout=0.05)
-    [sent] = core.arrive(0.0, slow, LIMITS).dispatches
+    [sent] = core.arrive(0.0, slow).dispatches
     # answered a hair after the deadline, before the core was ticked for it
     answer = core.answered(0.0501, sent.worker_id, ok_answer(sent))
     assert outcomes(answer) == {slow.request_id: "DEADLINE_EXCEEDED/finished_late"}
@@ -324,7 +335,7 @@ def test_an_answer_after_the_deadline_is_deadline_exceeded_never_ok(core: Router
 
 def test_an_ok_answer_carries_the_outputs_and_how_it_was_served(core: RouterCore) -> None:
     fine = request(0.0)
-    [sent] = core.arrive(0.001, fine, LIMITS).dispatches
+    [sent] = core.arrive(0.001, fine).dispatches
     [settled] = core.answered(0.01, sent.worker_id, ok_answer(sent)).settled
     assert isinstance(settled.outcome, Served)
     assert settled.outcome.outputs == [f"out-{fine.request_id}"]
@@ -337,7 +348,7 @@ def test_an_ok_answer_carries_the_outputs_and_how_it_was_served(core: RouterCore
 
 def test_a_lost_workers_requests_are_dispatched_once_more_then_fail(core: RouterCore) -> None:
     lost = request(0.0, timeout=10)
-    [first] = core.arrive(0.0, lost, LIMITS).dispatches
+    [first] = core.arrive(0.0, lost).dispatches
     decision = core.worker_left(0.01, first.worker_id, "stream broke")
     [again] = decision.dispatches
     assert [r.request_id for r in again.requests] == [lost.request_id] and again.worker_id != first.worker_id
@@ -348,14 +359,14 @@ def test_a_lost_workers_requests_are_dispatched_once_more_then_fail(core: Router
 
 def test_a_lost_request_past_its_latest_start_fails_at_once(core: RouterCore) -> None:
     tight = request(0.0, timeout=0.05)
-    [sent] = core.arrive(0.0, tight, LIMITS).dispatches
+    [sent] = core.arrive(0.0, tight).dispatches
     decision = core.worker_left(tight.latest_start, sent.worker_id, "stream broke")
     assert outcomes(decision) == {tight.request_id: "UNAVAILABLE/worker_lost"}
 
 
 def test_a_batch_that_could_not_be_sent_is_dispatched_once_more(core: RouterCore) -> None:
     unsent = request(0.0, timeout=10)
-    [first] = core.arrive(0.0, unsent, LIMITS).dispatches
+    [first] = core.arrive(0.0, unsent).dispatches
     decision = core.send_failed(0.0, first.batch_id, "no open stream")
     [again] = decision.dispatches
     assert [r.request_id for r in again.requests] == [unsent.request_id]
@@ -364,7 +375,7 @@ def test_a_batch_that_could_not_be_sent_is_dispatched_once_more(core: RouterCore
 
 def test_a_busy_worker_sends_the_batch_elsewhere_without_using_up_its_retry(core: RouterCore) -> None:
     bounced = request(0.0, timeout=10)
-    [first] = core.arrive(0.0, bounced, LIMITS).dispatches
+    [first] = core.arrive(0.0, bounced).dispatches
     decision = core.answered(0.001, first.worker_id, failed_answer(first, worker_fault=False, reason=BUSY))
     assert decision.settled == [] and bounced.attempts == 1
     assert [r.request_id for d in decision.dispatches for r in d.requests] == [bounced.request_id]
@@ -373,7 +384,7 @@ def test_a_busy_worker_sends_the_batch_elsewhere_without_using_up_its_retry(core
 
 def test_cancelled_in_flight_request_is_dropped_on_its_worker(core: RouterCore) -> None:
     gone = request(0.0)
-    [sent] = core.arrive(0.0, gone, LIMITS).dispatches
+    [sent] = core.arrive(0.0, gone).dispatches
     decision = core.cancel(0.001, gone.request_id)
     assert outcomes(decision) == {gone.request_id: "CANCELLED/cancelled"}
     assert decision.drops == {sent.worker_id: [gone.request_id]}
@@ -384,7 +395,7 @@ def test_a_cancelled_request_leaves_the_queue() -> None:
     core = make_core()
     occupy(core)
     gone = request(0.0)
-    core.arrive(0.0, gone, LIMITS)
+    core.arrive(0.0, gone)
     assert outcomes(core.cancel(0.0, gone.request_id)) == {gone.request_id: "CANCELLED/cancelled"}
     assert core.cancel(0.0, gone.request_id).settled == [] and core.queues.queued() == 0
 

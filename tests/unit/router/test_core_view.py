@@ -8,7 +8,7 @@ from dataclasses import FrozenInstanceError
 import pytest
 
 from sluice_inference.router.policy.core_view import WorkerView
-from tests.unit.router.core_support import KEY, LIMITS, join, make_core, occupy, request
+from tests.unit.router.core_support import KEY, join, make_core, occupy, request
 
 
 def test_workers_and_readiness_follow_the_core() -> None:
@@ -31,7 +31,7 @@ def test_in_flight_lanes_and_queues_are_snapshots() -> None:
     dispatch = occupy(core)
     assert view.in_flight_batches() == 1 and view.in_flight_on(dispatch.worker_id) == 1
     assert view.dispatch(dispatch.batch_id) is dispatch and view.dispatch(dispatch.batch_id + 1) is None
-    core.arrive(0.5, request(0.5, timeout=60.0), LIMITS)
+    core.arrive(0.5, request(0.5, timeout=60.0))
     [lane] = view.lanes(1.0)
     assert lane.key == KEY and lane.depth == 1 and lane.oldest_age_s == pytest.approx(0.5)
     assert view.queued() == 1 and view.queued_bytes() == 100

@@ -26,7 +26,7 @@ from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
-from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
+from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, ItemAnswer, Served
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLinks
@@ -73,8 +73,8 @@ class RecordingCore(RouterCore):
         self.log.append((event, normalised(decision)))
         return decision
 
-    def arrive(self, now: float, request: QueuedRequest, limits: LaneLimits) -> Decision:
-        return self._record("arrive", super().arrive(now, request, limits))
+    def arrive(self, now: float, request: QueuedRequest) -> Decision:
+        return self._record("arrive", super().arrive(now, request))
 
     def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
         return self._record("answered", super().answered(now, worker_id, answer))

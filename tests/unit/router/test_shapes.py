@@ -33,7 +33,7 @@ from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.lane_stats import LaneStats
-from sluice_inference.router.policy.lanes import Lane, LaneKey
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
 from sluice_inference.router.policy.outcomes import Decision, Dispatch
 from sluice_inference.router.policy.shapes import MAX_SHAPES_PER_MODEL, ShapeTable
 from sluice_inference.router.status import StatusLoop
@@ -95,9 +95,9 @@ def arrive(core: RouterCore, record: ModelRecord, shape: tuple[int, ...], now: f
     decoded = decode_call(call(record, shape, data), record)
     request = core.new_request(
         now, lane=decoded.lane, rows=decoded.rows, deadline=now + 1.0, payload=None, tenant=TENANT,
-        priority=1, cost=decoded.cost,
+        priority=1, limits=LaneLimits.of(record), cost=decoded.cost,
     )  # fmt: skip
-    return core.arrive(now, request, core.limits(record))
+    return core.arrive(now, request)
 
 
 def answer_all(core: RouterCore, decision: Decision, now: float) -> dict[int, str]:
