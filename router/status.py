@@ -135,8 +135,9 @@ class StatusLoop:
 
     def _report_host_cost(self) -> None:
         """Fit the router's CPU per batch and per row over the last intervals (router/host_cost.py) and
-        hand it to the core with the door's verdict on whether that CPU is the constraint; only changes
-        are reported, and nothing until a fit exists (the batcher then behaves as it always did)."""
+        hand it to the core with the door's verdict on whether that CPU is the constraint; reported while
+        the router is CPU-bound and once when it stops being, nothing until a fit exists (the batcher then
+        behaves as it always did)."""
         cpu = self._cpu_seconds()
         batches, rows = self._driver.core.view.sent()
         last_cpu, last_batches, last_rows = self._host_seen
@@ -144,7 +145,11 @@ class StatusLoop:
         estimate = self._host_fit.add(cpu - last_cpu, batches - last_batches, rows - last_rows)
         if estimate is None:
             return
-        report = (estimate.batch_s, estimate.row_s, self._door is not None and self._door.router_bound())
+        constrained = self._door is not None and self._door.router_bound()
+        was_constrained = self._host_reported is not None and self._host_reported[2]
+        if not constrained and not was_constrained:
+            return  # the batcher leaves the costs out then: a new fit would only reset its waits
+        report = (estimate.batch_s, estimate.row_s, constrained)
         if report == self._host_reported:
             return
         self._host_reported = report
