@@ -30,10 +30,12 @@ call's metadata before the body is parsed. The door counts arrivals per level an
 hands the admitted share out from the highest level down: a level whose recent arrivals fit in what is left
 is admitted whole, the first that does not gets the remainder, and every level below it only the floor (a
 level with no recent arrivals, the tenant-blind fraction, until its volume is known). And while the wait is
-under `PROTECT` times the bound, a cut never takes the fraction below the highest level's share (when
-more than one level is calling): a queue still draining after a cut, or a short stall, is paid for by the
-lower levels, and the highest level is cut only once the wait says it alone is more than the router
-takes. So
+under `PROTECT` times the bound and more than one level is calling, the highest calling level is admitted
+whole and a cut never takes the fraction below its share: a queue still draining after a cut, or a short
+stall, is paid for by the lower levels, and the highest level is cut only once the wait says it alone is
+more than the router takes. Nor does a lower level's burst get the sustain time while a higher level calls:
+the door closes on the first late sample (in the two-tenant bench the half second of sustain built a
+queue that cost gold 3-4 % of its requests, late). So
 under router-bound overload a gold tenant keeps its requests while bronze absorbs the refusals, as long as
 gold alone fits in what the router can take; tenants of one level are refused alike.
 
@@ -123,20 +125,22 @@ class Door:
         self.delay_s = delay_s
         if not self.max_delay_s:
             return
-        self._control(delay_s, now)
-        self._share_out()
+        self._count_arrivals()
+        protect = self._protects(delay_s)
+        self._control(delay_s, now, protect)
+        self._share_out(protect)
 
-    def _control(self, delay_s: float, now: float) -> None:
+    def _control(self, delay_s: float, now: float, protect: bool) -> None:
         """The total fraction's AIMD law (module docstring)."""
         if delay_s > self.max_delay_s:
             if not self.engaged:
                 self._above_since = now if self._above_since is None else self._above_since
                 recently_open = now - self._opened_at < REARM_S
-                if now - self._above_since < self.sustain_s and not recently_open:
+                if now - self._above_since < self.sustain_s and not recently_open and not protect:
                     return
                 self.engaged = True
             if now >= self._hold_until:
-                cut = max(MIN_FRACTION, self.fraction * DECREASE, self._protected(delay_s))
+                cut = max(MIN_FRACTION, self.fraction * DECREASE, self._top_share() if protect else 0.0)
                 self.fraction = min(self.fraction, cut)
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
@@ -147,28 +151,38 @@ class Door:
             if not self.engaged:
                 self._opened_at = now
 
-    def _protected(self, delay_s: float) -> float:
-        """The share of recent arrivals a cut leaves to the highest calling level: all of its own while
-        the wait is under `PROTECT` times the bound and a lower level calls too, else nothing."""
-        if delay_s > PROTECT * self.max_delay_s:
-            return 0.0
-        calling = sorted((number, level.recent) for number, level in self._levels.items() if level.recent)
-        if len(calling) < 2:
-            return 0.0
-        return calling[0][1] / sum(recent for _, recent in calling)
-
-    def _share_out(self) -> None:
-        """Hand the admitted fraction out from the highest priority level (lowest number) down, in
-        proportion to each level's recent arrivals."""
+    def _count_arrivals(self) -> None:
+        """Fold the arrivals since the last sample into each level's decayed count."""
         for level in self._levels.values():
             recent = level.recent * MEMORY + level.arrivals
             level.recent = recent if recent >= FORGOTTEN else 0.0
             level.arrivals = 0
+
+    def _calling(self) -> list[int]:
+        """The levels with recent arrivals, highest (lowest number) first."""
+        return sorted(number for number, level in self._levels.items() if level.recent)
+
+    def _protects(self, delay_s: float) -> bool:
+        """Whether the highest calling level is spared this sample: more than one level calls and the
+        wait is under `PROTECT` times the bound (module docstring)."""
+        return delay_s <= PROTECT * self.max_delay_s and len(self._calling()) >= 2
+
+    def _top_share(self) -> float:
+        """The highest calling level's share of all recent arrivals."""
+        calling = self._calling()
+        return self._levels[calling[0]].recent / sum(self._levels[n].recent for n in calling)
+
+    def _share_out(self, protect: bool) -> None:
+        """Hand the admitted fraction out from the highest priority level (lowest number) down, in
+        proportion to each level's recent arrivals; a protected highest level is admitted whole whatever
+        its arrivals did since the last sample (a Poisson sample above its average share must not cost it
+        requests), the levels below share what is left."""
         total = sum(level.recent for level in self._levels.values())
         left = self.fraction * total  # arrivals' worth the router can take
+        top = self._calling()[0] if protect else None
         for number in sorted(self._levels):
             level = self._levels[number]
-            if self.fraction >= 1.0:
+            if self.fraction >= 1.0 or number == top:
                 level.admitted = 1.0
             elif not level.recent:  # nothing known of its volume yet: the tenant-blind share
                 level.admitted = self.fraction

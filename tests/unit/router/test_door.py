@@ -141,9 +141,16 @@ def test_levels_are_served_highest_first_and_each_keeps_a_trickle() -> None:
 
 def test_when_gold_alone_is_more_than_the_router_takes_gold_is_refused_too() -> None:
     door = Door(BOUND, SUSTAIN, fraction=0.2, engaged=True)
-    got = offered(door, 40, {GOLD: 50, BRONZE: 50})
-    assert abs(door.admitted(GOLD) - 0.4) < 0.02 and door.admitted(BRONZE) == MIN_FRACTION
-    assert got[GOLD] > 20 * got[BRONZE]
+    got = offered(door, 4, {GOLD: 50, BRONZE: 50}, delay=3 * BOUND)  # past twice the bound: gold is too much
+    assert 0.1 < door.admitted(GOLD) < 1.0 and door.admitted(BRONZE) == MIN_FRACTION
+    assert got[GOLD] > 10 * got[BRONZE]
+
+
+def test_while_the_wait_is_under_twice_the_bound_gold_is_admitted_whole_whatever_its_burst() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=0.2, engaged=True)
+    offered(door, 20, {GOLD: 20, BRONZE: 80})  # gold is the router's whole fraction
+    got = offered(door, 2, {GOLD: 40, BRONZE: 80}, start=110.0)  # and then a Poisson burst doubles it
+    assert got[GOLD] == 40 and door.admitted(GOLD) == 1.0 and door.admitted(BRONZE) == MIN_FRACTION
 
 
 def test_a_fully_open_door_admits_every_level_and_shares_follow_a_change_of_mix() -> None:
@@ -152,8 +159,8 @@ def test_a_fully_open_door_admits_every_level_and_shares_follow_a_change_of_mix(
     door.fraction, door.engaged = 0.5, True
     offered(
         door, 40, {GOLD: 90, BRONZE: 10}, start=110.0
-    )  # the mix turned around: now gold alone is more than half
-    assert door.admitted(BRONZE) == MIN_FRACTION and abs(door.admitted(GOLD) - 50 / 90) < 0.03
+    )  # the mix turned around: now gold alone is more than half, the wait under the bound
+    assert door.admitted(BRONZE) == MIN_FRACTION and door.admitted(GOLD) == 1.0
 
 
 def test_a_level_never_seen_gets_the_tenant_blind_fraction_until_its_volume_is_known() -> None:
@@ -170,6 +177,13 @@ def test_a_wait_under_twice_the_bound_cuts_the_lower_levels_but_not_gold_s_share
     assert door.admitted(GOLD) == pytest.approx(1.0, abs=0.02) and door.admitted(BRONZE) == MIN_FRACTION
     offered(door, 20, {GOLD: 25, BRONZE: 75}, delay=3 * BOUND, start=110.0)  # gold alone is too much
     assert door.admitted(GOLD) < 0.5 and door.admitted(BRONZE) == MIN_FRACTION
+
+
+def test_a_lower_level_s_burst_gets_no_sustain_time_while_a_higher_level_calls() -> None:
+    door = Door(BOUND, SUSTAIN)
+    offered(door, 4, {GOLD: 10, BRONZE: 10}, delay=0.001)
+    offered(door, 1, {GOLD: 10, BRONZE: 90}, delay=1.5 * BOUND, start=110.0)  # bronze's burst makes it wait
+    assert door.engaged and door.admitted(GOLD) == 1.0 and door.admitted(BRONZE) < 1.0
 
 
 def test_with_a_single_level_calling_nothing_is_protected() -> None:
