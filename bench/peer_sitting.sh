@@ -7,7 +7,9 @@
 # env: SLUICE_RATES, TRITON_RATES, MLSERVER_RATES, ECHO_RATES, MINPATH_RATES (a rate list; empty skips
 #      that system), TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
 #      TAGS (the harness's endpoints, default grpc), SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
-#      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset)
+#      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset),
+#      FLOOR_RATE (default 800; empty skips): a bare grpc.aio server's CPU per answered and per refused call
+#      at that rate (bench/grpc_floor.py), into OUT/floor.txt: the floor under refusing (issue 17)
 set -euo pipefail
 out=${1:?usage: bench/peer_sitting.sh OUT_DIR}
 project=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,4 +33,10 @@ for timeout in ${TIMEOUTS:-2 0.05}; do
   for rate in ${ECHO_RATES-2000 4000}; do point echo "$rate" "$timeout" echo; done
   for rate in ${MINPATH_RATES-500 1000 1500 2000}; do point minpath "$rate" "$timeout" minpath; done
 done
+if [[ -n ${FLOOR_RATE-800} ]]; then
+  for mode in aio-ok aio-refuse; do
+    "$project/.venv/bin/python" -m sluice_inference.bench.grpc_floor --mode "$mode" --rate "${FLOOR_RATE-800}" \
+      --seconds 8 2>&1 | tail -1 | tee -a "$out/floor.txt"
+  done
+fi
 echo "[sitting] results under $out"
