@@ -52,6 +52,7 @@ class TorchExportBackend:
         else:
             result = self._module(*inputs.values())
         if self._structure_checks_only:  # this call's structure passed: every later call has it too
-            self._module.validate_inputs = False
+            # A plain bool attribute of the module; the stubs type every Module attribute Tensor | Module.
+            self._module.validate_inputs = False  # type: ignore[assignment]
             self._structure_checks_only = False
         return name_outputs(result, self._output_names)
