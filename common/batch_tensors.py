@@ -29,6 +29,8 @@ from sluice_inference.common.tensors import DATATYPES, datatype_of, dtype_of, el
 
 Array = npt.NDArray[Any]
 Shape = tuple[int, ...]
+_DATATYPE_OF: dict[np.dtype[Any], str] = {dtype: name for name, dtype in DATATYPES.items()}
+"""`datatype_of` for the canonical dtypes, as one lookup: it runs for every output of every answer."""
 
 
 def pack_buffers(
@@ -47,7 +49,7 @@ def pack_arrays(name: str, arrays: Sequence[Array]) -> worker_pb2.BatchTensor:
     """Items' arrays (batch dim first, one dtype) as one tensor: one concatenation when their rows agree
     in shape, else their bytes joined."""
     dtype = arrays[0].dtype
-    datatype = datatype_of(dtype)
+    datatype = _DATATYPE_OF.get(dtype) or datatype_of(dtype)
     little = DATATYPES[datatype]
     first: Shape = arrays[0].shape[1:]
     ragged = any(array.shape[1:] != first for array in arrays)
@@ -63,11 +65,16 @@ def pack_arrays(name: str, arrays: Sequence[Array]) -> worker_pb2.BatchTensor:
 
 def whole_array(tensor: worker_pb2.BatchTensor, rows: Sequence[int]) -> Array:
     """Every item's rows as one array (read-only, one `frombuffer`), for a tensor that is not ragged."""
-    data = tensor.data  # read once: each read of a bytes field makes a new object
-    _layout(tensor, rows, len(data))
     if tensor.ragged:
         raise ValueError(f"batch tensor {tensor.name[:64]!r} is ragged: its items have no one shape")
-    return np.frombuffer(data, dtype=DATATYPES[tensor.datatype]).reshape((sum(rows), *tensor.row_shape))
+    data = tensor.data  # read once: each read of a bytes field makes a new object
+    dims = tuple(tensor.row_shape)
+    itemsize = dtype_of(tensor.datatype, tensor=tensor.name).itemsize
+    shape = (sum(rows), *dims)
+    total = element_count(shape, tensor=tensor.name) * itemsize  # the rule of `_layout`, for the whole
+    if total != len(data):
+        raise _malformed(tensor, f"its items' shapes need {total} bytes, the buffer holds {len(data)}")
+    return np.frombuffer(data, dtype=DATATYPES[tensor.datatype]).reshape(shape)
 
 
 def row_ranges(whole: Array, rows: Sequence[int]) -> list[Array]:

@@ -108,7 +108,13 @@ class DeviceThread:
     With `on_loop` there is no thread: the same steps run on the event loop, one forward per loop pass
     (so stream reads and load reports interleave between forwards), and a forward costs no thread
     hand-off in either direction. Only for forwards far shorter than the routers' heartbeat (0.8 s):
-    the loop does nothing else while one runs."""
+    the loop does nothing else while one runs. Why it is not the default even on a CPU, where it saves
+    about a fifth of the worker's CPU per one-row batch (docs/performance.md, "The hop"): warm-up cannot
+    prove that no input makes a forward hang or run long, and such a forward would silence the stream,
+    so routers would drop the worker (UNAVAILABLE) instead of letting its item expire on it
+    (tests/integration/test_after_dispatch.py). Blocking the loop a few ms for each forward it starts,
+    to take the answer without the self-pipe wake-up, saved nothing measurable (2026-12-01): the cost is
+    the switch to and from the thread itself."""
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from sluice_inference.worker.backends.torch_export import TorchExportBackend
 from sluice_inference.worker.demo_models import build_encoder, build_mlp, init_demo_repository
 from sluice_inference.worker.executor import ExecItem, Executor, LoadedModel
 from sluice_inference.worker.repository import scan_repository
@@ -102,3 +103,19 @@ def test_onnx_mlp_answers_as_the_torch_mlp(
     spec = demo_models["mlp_onnx"].spec
     assert (spec.config.deterministic, spec.config.cache, spec.warnings) == (True, "enabled", ())
     assert spec.digest != demo_models["mlp"].spec.digest
+
+
+def test_exported_backend_checks_the_call_once_and_the_guards_always(demo_repo: Path) -> None:
+    [spec] = scan_repository(demo_repo, ["mlp"])
+    backend = TorchExportBackend(demo_repo / "mlp" / "1" / "model.pt2", "cpu", ["output"])
+    too_many = spec.config.max_batch_size + 1
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="keyword mismatch"):  # not the exported structure: said so
+            backend.forward({"x": torch.zeros(1, 256)})
+        backend.forward({"input": torch.zeros(1, 256)})
+        with pytest.raises(AssertionError, match="Guard failed"):  # the graph's own guards still hold
+            backend.forward({"input": torch.zeros(too_many, 256)})
+        with pytest.raises(AssertionError, match="Guard failed"):
+            backend.forward({"input": torch.zeros(1, 255)})
+        [output] = backend.forward({"input": torch.zeros(2, 256)}).values()
+    assert output.shape == (2, 10)
