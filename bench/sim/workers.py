@@ -131,13 +131,11 @@ class SimWorker:
 
     def answers(self, done: Running) -> list[tuple[int, BatchAnswer]]:
         """Each batch of a finished forward, answered to its router: (router, answer)."""
-        execute_s = done.ends - done.started
+        execute_s, skipped = done.ends - done.started, done.skipped
         out = []
         for held in done.batches:
-            items = {}
-            for request in held.dispatch.requests:
-                code = done.skipped.get(request.request_id, 0)
-                items[request.request_id] = ItemAnswer(request.request_id, code, outputs=None)
+            items = {r.request_id: ItemAnswer(r.request_id, skipped.get(r.request_id, 0))
+                     for r in held.dispatch.requests}  # fmt: skip
             answer = BatchAnswer(held.dispatch.batch_id, items, done.rows, execute_s, self.held)
             out.append((held.router, answer))
         return out
