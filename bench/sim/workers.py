@@ -153,19 +153,21 @@ class SimWorker:
         batches = [held for i, held in enumerate(self.waiting) if i in chosen]
         self.waiting = [held for i, held in enumerate(self.waiting) if i not in chosen]
         skipped: dict[int, int] = {}
-        live = []
+        dropped, item_cost = self.dropped, self.item_cost
+        executed, cost = 0, None  # rows that run, and the largest per-item cost among them
         for held in batches:
             for request in held.dispatch.requests:
-                if request.request_id in self.dropped:
-                    self.dropped.discard(request.request_id)
+                if request.request_id in dropped:
+                    dropped.discard(request.request_id)
                     skipped[request.request_id] = int(Code.CANCELLED)
                 elif request.deadline <= now:
                     skipped[request.request_id] = int(Code.DEADLINE_EXCEEDED)
                 else:
-                    live.append(request)
-        executed = sum(r.rows for r in live)
-        cost = max((self.item_cost[class_of(r)] for r in live), default=1.0)
-        seconds = self._seconds(executed, cost)
+                    executed += request.rows
+                    own = item_cost[class_of(request)]
+                    if cost is None or own > cost:
+                        cost = own
+        seconds = self._seconds(executed, 1.0 if cost is None else cost)
         self.running = Running(batches, now, now + seconds, executed, skipped)
         self.forwards += 1
         self.rows += executed
