@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 import time
 from collections import Counter
@@ -166,20 +165,17 @@ class Simulation:
         stop_at = self.plan.scenario.duration_s + longest + SETTLE_S
         i, n = 0, len(times)
         now = 0.0
-        while True:
-            next_arrival = times[i] if i < n else math.inf
-            next_event = self._events[0][0] if self._events else math.inf
-            if math.isinf(next_arrival) and math.isinf(next_event):
-                break
-            if next_arrival <= next_event:
-                now = next_arrival
-                self.arrive(i, classes[i], now)
+        queue, arrive, handle, heappop = self._events, self.arrive, self._handle, heapq.heappop
+        while i < n or queue:
+            if i < n and (not queue or times[i] <= queue[0][0]):
+                now = times[i]
+                arrive(i, classes[i], now)
                 i += 1
             else:
-                now, _, kind, data = heapq.heappop(self._events)
+                now, _, kind, data = heappop(queue)
                 if now > stop_at:
                     break
-                self._handle(kind, data, now, arrivals_left=i < n)
+                handle(kind, data, now, arrivals_left=i < n)
             self.events += 1
         return self._result(now, time.perf_counter() - started, time.process_time() - cpu_started)
 
@@ -366,15 +362,14 @@ class Simulation:
         index, cls = request.payload
         if self._records[index] is not None:
             raise AssertionError(f"request {index} ended twice")
-        error = outcome if isinstance(outcome, SluiceError) else None
-        self._records[index] = RequestRecord(
-            cls=cls, scheduled_s=request.arrival, lag_s=0.0,
-            latency_s=now - request.arrival + self.overhead_s,
-            code="OK" if error is None else error.code.name,
-            deadline_s=self._per_class[cls][0],
-            reason="" if error is None else error.reason,
-            hint=error is not None and error.retry_after_s is not None,
-        )  # fmt: skip
+        arrival, deadline_s = request.arrival, self._per_class[cls][0]
+        latency = now - arrival + self.overhead_s
+        if isinstance(outcome, SluiceError):
+            code, hint = outcome.code.name, outcome.retry_after_s is not None
+            record = RequestRecord(cls, arrival, 0.0, latency, code, deadline_s, outcome.reason, hint)
+        else:  # one record per request, built positionally: keywords cost more than the rest of it
+            record = RequestRecord(cls, arrival, 0.0, latency, "OK", deadline_s)
+        self._records[index] = record
 
     def _result(self, end_s: float, wall_s: float, cpu_s: float) -> SimResult:
         missing = [i for i, r in enumerate(self._records) if r is None]

@@ -131,13 +131,11 @@ class SimWorker:
 
     def answers(self, done: Running) -> list[tuple[int, BatchAnswer]]:
         """Each batch of a finished forward, answered to its router: (router, answer)."""
-        execute_s = done.ends - done.started
+        execute_s, skipped = done.ends - done.started, done.skipped
         out = []
         for held in done.batches:
-            items = {}
-            for request in held.dispatch.requests:
-                code = done.skipped.get(request.request_id, 0)
-                items[request.request_id] = ItemAnswer(request.request_id, code, outputs=None)
+            items = {r.request_id: ItemAnswer(r.request_id, skipped.get(r.request_id, 0))
+                     for r in held.dispatch.requests}  # fmt: skip
             answer = BatchAnswer(held.dispatch.batch_id, items, done.rows, execute_s, self.held)
             out.append((held.router, answer))
         return out
@@ -155,19 +153,21 @@ class SimWorker:
         batches = [held for i, held in enumerate(self.waiting) if i in chosen]
         self.waiting = [held for i, held in enumerate(self.waiting) if i not in chosen]
         skipped: dict[int, int] = {}
-        live = []
+        dropped, item_cost = self.dropped, self.item_cost
+        executed, cost = 0, None  # rows that run, and the largest per-item cost among them
         for held in batches:
             for request in held.dispatch.requests:
-                if request.request_id in self.dropped:
-                    self.dropped.discard(request.request_id)
+                if request.request_id in dropped:
+                    dropped.discard(request.request_id)
                     skipped[request.request_id] = int(Code.CANCELLED)
                 elif request.deadline <= now:
                     skipped[request.request_id] = int(Code.DEADLINE_EXCEEDED)
                 else:
-                    live.append(request)
-        executed = sum(r.rows for r in live)
-        cost = max((self.item_cost[class_of(r)] for r in live), default=1.0)
-        seconds = self._seconds(executed, cost)
+                    executed += request.rows
+                    own = item_cost[class_of(request)]
+                    if cost is None or own > cost:
+                        cost = own
+        seconds = self._seconds(executed, 1.0 if cost is None else cost)
         self.running = Running(batches, now, now + seconds, executed, skipped)
         self.forwards += 1
         self.rows += executed

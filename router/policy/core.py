@@ -169,13 +169,16 @@ class RouterCore:
             raise ValueError(f"request {request.request_id} arrived without its lane limits")
         decision = Decision()
         key = request.lane
+        version = (key.model, key.version)
+        serving = self.workers.serving_count(version)  # asked once: `serves`, then the backlog's count
         if (expired := DeadlineBudget.expired_on_arrival(request.deadline, now)) is not None:
             self.endings.end(decision, request, expired)
-        elif not self.serves(key.model, key.version):
+        elif not serving:
             self.endings.end(decision, request, no_worker(key))
         else:
             try:
-                self.admission.admit(request, limits, now, self._backlog(key, request.priority))
+                backlog = self._backlog(key, version, serving, request.priority)
+                self.admission.admit(request, limits, now, backlog)
                 self._make_room(key)
                 self.queues.set_limits(key, limits)
                 self.endings.queue(decision, request)
@@ -191,11 +194,10 @@ class RouterCore:
                 decision.wake(lane.earliest_latest_start())
         return decision
 
-    def _backlog(self, key: LaneKey, priority: int) -> Backlog:
-        """What the lane holds ahead of a newcomer of `priority`, for admission."""
+    def _backlog(self, key: LaneKey, version: tuple[str, str], serving: int, priority: int) -> Backlog:
+        """What the lane holds ahead of a newcomer of `priority`, for admission (`serving`: the accepting
+        workers serving `version`, the lane's)."""
         lane = self.queues.lanes.get(key)
-        version = (key.model, key.version)
-        serving = self.workers.serving_count(version)
         return Backlog(
             self.estimates,
             0 if lane is None else lane.rows_ahead_of(priority),

@@ -21,6 +21,8 @@ TAU_S = 1.0
 WINDOW = 256
 HEALTHY_BELOW = 0.4
 UNHEALTHY_ABOVE = 0.6
+_P99_AT = [max(0, min(n - 1, math.ceil(0.99 * n) - 1)) for n in range(WINDOW + 1)]
+"""Index of the 99th percentile in a sorted window of n values (read once per finished request)."""
 
 
 @dataclass(slots=True)
@@ -37,9 +39,12 @@ class LaneStats:
 
     def arrived(self, now: float, rows: int = 1) -> None:
         """Count `rows` arriving at `now`."""
-        if self.last is not None and now > self.last:
-            self.count *= math.exp(-(now - self.last) / TAU_S)
-        self.last = now if self.last is None else max(self.last, now)
+        last = self.last
+        if last is None:
+            self.last = now
+        elif now > last:
+            self.count *= math.exp(-(now - last) / TAU_S)
+            self.last = now
         self.count += rows
 
     def rate(self, now: float) -> float:
@@ -50,15 +55,16 @@ class LaneStats:
 
     def finished(self, budget_fraction: float) -> None:
         """A request of this lane completed using `budget_fraction` of its deadline budget."""
-        if len(self.fractions) >= WINDOW:
-            oldest = self.fractions.popleft()
-            del self.ordered[bisect.bisect_left(self.ordered, oldest)]
-        self.fractions.append(budget_fraction)
-        bisect.insort(self.ordered, budget_fraction)
-        p99 = self.p99()
-        if self.healthy and p99 > UNHEALTHY_ABOVE:
-            self.healthy = False
-        elif not self.healthy and p99 < HEALTHY_BELOW and len(self.fractions) >= 20:
+        fractions, ordered = self.fractions, self.ordered
+        if len(fractions) >= WINDOW:
+            del ordered[bisect.bisect_left(ordered, fractions.popleft())]
+        fractions.append(budget_fraction)
+        bisect.insort(ordered, budget_fraction)
+        p99 = ordered[_P99_AT[len(ordered)]]
+        if self.healthy:
+            if p99 > UNHEALTHY_ABOVE:
+                self.healthy = False
+        elif p99 < HEALTHY_BELOW and len(fractions) >= 20:
             self.healthy = True
 
     def p99(self) -> float:
@@ -66,4 +72,4 @@ class LaneStats:
         ordered = self.ordered
         if not ordered:
             return 1.0
-        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        return ordered[_P99_AT[len(ordered)]]

@@ -8,14 +8,15 @@ disconnect lost workers, and call `tick` again at `wake_at` at the latest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
 
 
-@dataclass(frozen=True, slots=True)
-class ItemAnswer:
-    """A worker's outcome for one item: `code` 0 with `outputs`, or an error."""
+class ItemAnswer(NamedTuple):
+    """A worker's outcome for one item: `code` 0 with `outputs`, or an error. (A tuple, like the other
+    records made once per request: building a frozen dataclass costs several times as much.)"""
 
     item_id: int
     code: int = 0
@@ -59,9 +60,9 @@ class Dispatch:
     """Batch-dimension rows in the batch."""
 
 
-@dataclass(frozen=True, slots=True)
-class Served:
-    """A successful outcome: the worker's outputs and how the request was served."""
+class Served(NamedTuple):
+    """A successful outcome: the worker's outputs and how the request was served (a tuple: one per
+    request)."""
 
     worker_id: str
     batch_rows: int
@@ -70,9 +71,9 @@ class Served:
     outputs: object
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """A request that has ended, with its result or typed error. Every request ends exactly once."""
+class Settled(NamedTuple):
+    """A request that has ended, with its result or typed error. Every request ends exactly once (a tuple:
+    one per request)."""
 
     request: QueuedRequest
     outcome: Served | SluiceError

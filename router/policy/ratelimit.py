@@ -172,7 +172,9 @@ class RateLimiter:
 
     def release(self, tenant: str) -> None:
         """A request admitted by `acquire` has ended."""
-        self.inflight[tenant] = max(0, self.inflight[tenant] - 1)
+        count = self.inflight[tenant]
+        if count > 0:  # never below zero (per request: a branch, not `max`)
+            self.inflight[tenant] = count - 1
 
     def levels(self, now: float) -> dict[str, float]:
         """Token levels by tenant (and `*` for the global bucket), for metrics."""
