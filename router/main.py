@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,7 +39,7 @@ from sluice_inference.router.auth import AccessPolicy, TenantKeys
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.dataplane import DataPlane, DriverBackend
 from sluice_inference.router.driver import Driver
-from sluice_inference.router.edge import FrontDoor, MalformedBodies, add_service
+from sluice_inference.router.edge import FrontDoor, GenericOnly, MalformedBodies, add_service
 from sluice_inference.router.idempotency_gate import IdempotencyGate
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.membership import Membership
@@ -220,12 +221,13 @@ class RouterServer:
         )
         add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
         add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        generic = cast(grpc.aio.Server, GenericOnly(server))  # the generated code calls its two add_* only
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, generic)
         # Operator tools find routers in etcd: this proves to them who answers before they send an admin key.
         identity = router_identity_servicer(
             self.config.cluster, lambda: self.router_id or "starting", self.clock
         )
-        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, server)
+        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, generic)
         reflection.enable_server_reflection(
             (
                 INFERENCE_SERVICE,
@@ -234,7 +236,7 @@ class RouterServer:
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
-            server,
+            server,  # one registered method: it tells a grpc.aio server from a sync one by its type
         )
 
     async def start(self) -> None:
