@@ -27,7 +27,6 @@ from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
 from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import LeasedKey, router_key
-from sluice_inference.common.grpc_gate import GateInterceptor
 from sluice_inference.common.grpc_server import keepalive_options
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.inference import grpc_service_pb2
@@ -147,6 +146,7 @@ class RouterServer:
         self.receives = ReceiveGate(
             self.keys,
             self.metrics,
+            check=self.access.check_call,
             probe_token=self.queue_probe.token,
             max_receives=settings.tenant_max_receives,
             max_streams=settings.tenant_max_streams,
@@ -244,8 +244,7 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
-            # The auth gate first: a call it refuses never takes a receive slot.
-            interceptors=[GateInterceptor(self.access.check_call), self.receives],
+            interceptors=[self.receives],  # the auth gate too: a call it refuses never takes a slot
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,

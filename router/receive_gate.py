@@ -20,8 +20,11 @@ body:
 The router's own queue probe (router/queue_probe.py, marked by its per-process token) passes untouched:
 it measures how long calls wait for the router's code, and must not queue behind a tenant's slots.
 
+The gate is also the client port's auth gate (router/auth.py, through common/grpc_gate.py's `refusal`): one
+interceptor, not two in a chain, since each link of grpc.aio's chain costs every call a coroutine of its own.
+
 Invariant: a slot is taken and given back by the handler that holds it, in the same task, however the call
-ends; a call the auth gate refuses never reaches a slot. The tenant is named by the same API key the
+ends; a call the auth check refuses never reaches a slot. The tenant is named by the same API key the
 data plane authenticates; a key that no longer authenticates goes on to the handler, which refuses it.
 """
 
@@ -39,10 +42,13 @@ from sluice_inference.common.clock import Clock
 from sluice_inference.common.errors import (
     DeadlineExceeded,
     InvalidArgument,
+    PermissionDenied,
     ResourceExhausted,
     SluiceError,
+    Unauthenticated,
 )
 from sluice_inference.common.grpc_errors import abort
+from sluice_inference.common.grpc_gate import CallCheck, refusal
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.edge import PASSED_DOOR, PROBE_KEY, FrontDoor
 from sluice_inference.router.kserve_codec import api_key
@@ -131,13 +137,15 @@ def _give_up(waiter: asyncio.Future[bool]) -> None:
 
 
 class ReceiveGate(grpc.aio.ServerInterceptor):
-    """Puts `ModelInfer` and `ModelStreamInfer` behind their tenant's receive and stream slots."""
+    """Refuses the calls `check` refuses before anything of them is read, and puts `ModelInfer` and
+    `ModelStreamInfer` behind their tenant's receive and stream slots."""
 
     def __init__(
         self,
         keys: TenantKeys,
         metrics: RouterMetrics,
         *,
+        check: CallCheck,
         probe_token: str,
         max_receives: int,
         max_streams: int,
@@ -145,6 +153,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         clock: Clock,
     ) -> None:
         self._keys = keys
+        self._check = check
         self._clock = clock
         self._metrics = metrics
         self._probe = (PROBE_KEY, probe_token)
@@ -159,18 +168,23 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
-        """Wrap the two tenant inference methods; pass everything else through."""
+        """Refuse what `check` refuses (nothing of it read); wrap the two tenant inference methods; pass
+        everything else through."""
         handler = await continuation(handler_call_details)
         if handler is None:
-            return None
+            return None  # UNIMPLEMENTED
         method = handler_call_details.method
-        if self._probe in (handler_call_details.invocation_metadata or ()):
+        metadata = handler_call_details.invocation_metadata or ()
+        try:
+            self._check(method, metadata)
+        except (Unauthenticated, PermissionDenied) as err:
+            return refusal(handler, err)
+        if self._probe in metadata:
             return handler  # the router's own queue probe: an empty body, answered before it is parsed
         if method == INFER and handler.unary_unary is not None:
-            metadata = handler_call_details.invocation_metadata or ()
             return self._gated_unary(handler, self._tenant(metadata), metadata)
         if method == STREAM and handler.stream_stream is not None:
-            return self._gated_stream(handler, self._tenant(handler_call_details.invocation_metadata))
+            return self._gated_stream(handler, self._tenant(metadata))
         return handler
 
     def _tenant(self, metadata: Any) -> str:
