@@ -10,8 +10,9 @@ Key-less local mode — no tenant has API keys, no admin key is configured and `
 is false — leaves admin open, as a laptop's `sluice up` needs. The tenant directory is read per call, so
 etcd tenant overrides that add keys close it at once.
 
-`check_call` runs in `sluice_inference.common.grpc_gate.GateInterceptor`, which only refuses
-(nothing of a refused body is read) or hands the call to its handler; the handler looks the tenant up again
+`check_call` runs in the client port's receive gate (router/receive_gate.py), which, as
+`sluice_inference.common.grpc_gate.GateInterceptor` does, only refuses (nothing of a refused body is read)
+or hands the call on; the handler looks the tenant up again
 for what it needs (the front door's priority, tenant quotas, model permissions), so this gate holds whatever
 handler a method has.
 

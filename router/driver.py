@@ -229,9 +229,8 @@ class Driver:
         )
         self._carry_out(self.core.arrive(now, request), now)
         if not future.done():
-            self._metrics.admissions.labels(
-                self._metrics.tenant_label(tenant.name), self._metrics.priority_label(priority)
-            ).inc()
+            metrics = self._metrics
+            metrics.admitted(metrics.tenant_label(tenant.name), metrics.priority_label(priority)).inc()
         try:
             return await future
         except asyncio.CancelledError:
@@ -349,9 +348,6 @@ class Driver:
             self._send(worker_id, message, sent.get(worker_id, []), now)
         if decision.wake_at is not None and decision.wake_at < self._sleeping_until:
             self._alarm.set()
-        view = self.core.view
-        self._metrics.queue_depth.set(view.queued())
-        self._metrics.in_flight_batches.set(view.in_flight_batches())
 
     def _settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
         future = _waiter(request).future

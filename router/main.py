@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,7 +27,6 @@ from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
 from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import LeasedKey, router_key
-from sluice_inference.common.grpc_gate import GateInterceptor
 from sluice_inference.common.grpc_server import keepalive_options
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.inference import grpc_service_pb2
@@ -38,7 +38,7 @@ from sluice_inference.router.auth import AccessPolicy, TenantKeys
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.dataplane import DataPlane, DriverBackend
 from sluice_inference.router.driver import Driver
-from sluice_inference.router.edge import FrontDoor, MalformedBodies, add_service
+from sluice_inference.router.edge import FrontDoor, GenericOnly, MalformedBodies, add_service
 from sluice_inference.router.idempotency_gate import IdempotencyGate
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.membership import Membership
@@ -146,6 +146,7 @@ class RouterServer:
         self.receives = ReceiveGate(
             self.keys,
             self.metrics,
+            check=self.access.check_call,
             probe_token=self.queue_probe.token,
             max_receives=settings.tenant_max_receives,
             max_streams=settings.tenant_max_streams,
@@ -220,12 +221,13 @@ class RouterServer:
         )
         add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
         add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        generic = cast(grpc.aio.Server, GenericOnly(server))  # the generated code calls its two add_* only
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, generic)
         # Operator tools find routers in etcd: this proves to them who answers before they send an admin key.
         identity = router_identity_servicer(
             self.config.cluster, lambda: self.router_id or "starting", self.clock
         )
-        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, server)
+        worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, generic)
         reflection.enable_server_reflection(
             (
                 INFERENCE_SERVICE,
@@ -234,7 +236,7 @@ class RouterServer:
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
-            server,
+            server,  # one registered method: it tells a grpc.aio server from a sync one by its type
         )
 
     async def start(self) -> None:
@@ -242,8 +244,7 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
-            # The auth gate first: a call it refuses never takes a receive slot.
-            interceptors=[GateInterceptor(self.access.check_call), self.receives],
+            interceptors=[self.receives],  # the auth gate too: a call it refuses never takes a slot
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,

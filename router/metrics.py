@@ -176,6 +176,7 @@ class RouterMetrics:
         self.request_latencies = Bound(self.request_latency)
         self.rejection_counts = Bound(self.rejections)
         self.door_refusals = Bound(self.door_refused)
+        self.admitted = Bound(self.admissions)
 
     def tenant_label(self, tenant: str) -> str:
         """A configured tenant's name, `unknown` before authentication, else `other`."""

@@ -2,8 +2,9 @@
 
 The router calls its own server: an empty `ModelInfer` every `PROBE_EVERY_S` over a Unix socket the same
 server listens on (in a private 0700 folder of the router's user, removed at stop). gRPC queues calls per
-registered method, so only a `ModelInfer` waits in the very queue client inference calls wait in (a health
-check, in its own queue, came back in a millisecond while they waited two seconds). The call carries a
+registered method (`ModelInfer` is one: router/edge.py, `QUEUED_APART`), so only a `ModelInfer` waits in
+the very queue client inference calls wait in (a health check, in another queue, came back in a
+millisecond while they waited two seconds). The call carries a
 per-process token in its metadata; the door's handler answers it at once, before the door and the parse.
 Each probe gives the door its round trip as one sample. While a probe is out, its age is a fresh lower bound
 of the delay: each time that age passes the door's bound, then twice it, four times it and so on, it is a

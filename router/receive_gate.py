@@ -4,7 +4,7 @@ A body is charged to the in-flight byte budget (router/policy/budget.py) only on
 of it; until then gRPC holds what has arrived, up to `router.max_message_bytes` per call. In grpc.aio
 1.85 a server interceptor runs once a call's headers are in and before any of its message is requested
 (`_handle_rpc` finds the handler, interceptors included, then `_handle_unary_unary_rpc` receives the
-message), and a request-streaming handler reads nothing until it iterates its requests. So this gate
+message), and a request-streaming handler reads nothing until it asks for a message. So this gate
 puts each tenant call behind a request-streaming handler that takes a slot before asking gRPC for the
 body:
 
@@ -20,8 +20,11 @@ body:
 The router's own queue probe (router/queue_probe.py, marked by its per-process token) passes untouched:
 it measures how long calls wait for the router's code, and must not queue behind a tenant's slots.
 
+The gate is also the client port's auth gate (router/auth.py, through common/grpc_gate.py's `refusal`): one
+interceptor, not two in a chain, since each link of grpc.aio's chain costs every call a coroutine of its own.
+
 Invariant: a slot is taken and given back by the handler that holds it, in the same task, however the call
-ends; a call the auth gate refuses never reaches a slot. The tenant is named by the same API key the
+ends; a call the auth check refuses never reaches a slot. The tenant is named by the same API key the
 data plane authenticates; a key that no longer authenticates goes on to the handler, which refuses it.
 """
 
@@ -39,10 +42,13 @@ from sluice_inference.common.clock import Clock
 from sluice_inference.common.errors import (
     DeadlineExceeded,
     InvalidArgument,
+    PermissionDenied,
     ResourceExhausted,
     SluiceError,
+    Unauthenticated,
 )
 from sluice_inference.common.grpc_errors import abort
+from sluice_inference.common.grpc_gate import CallCheck, refusal
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.edge import PASSED_DOOR, PROBE_KEY, FrontDoor
 from sluice_inference.router.kserve_codec import api_key
@@ -131,13 +137,15 @@ def _give_up(waiter: asyncio.Future[bool]) -> None:
 
 
 class ReceiveGate(grpc.aio.ServerInterceptor):
-    """Puts `ModelInfer` and `ModelStreamInfer` behind their tenant's receive and stream slots."""
+    """Refuses the calls `check` refuses before anything of them is read, and puts `ModelInfer` and
+    `ModelStreamInfer` behind their tenant's receive and stream slots."""
 
     def __init__(
         self,
         keys: TenantKeys,
         metrics: RouterMetrics,
         *,
+        check: CallCheck,
         probe_token: str,
         max_receives: int,
         max_streams: int,
@@ -145,6 +153,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         clock: Clock,
     ) -> None:
         self._keys = keys
+        self._check = check
         self._clock = clock
         self._metrics = metrics
         self._probe = (PROBE_KEY, probe_token)
@@ -159,18 +168,23 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
-        """Wrap the two tenant inference methods; pass everything else through."""
+        """Refuse what `check` refuses (nothing of it read); wrap the two tenant inference methods; pass
+        everything else through."""
         handler = await continuation(handler_call_details)
         if handler is None:
-            return None
+            return None  # UNIMPLEMENTED
         method = handler_call_details.method
-        if self._probe in (handler_call_details.invocation_metadata or ()):
+        metadata = handler_call_details.invocation_metadata or ()
+        try:
+            self._check(method, metadata)
+        except (Unauthenticated, PermissionDenied) as err:
+            return refusal(handler, err)
+        if self._probe in metadata:
             return handler  # the router's own queue probe: an empty body, answered before it is parsed
         if method == INFER and handler.unary_unary is not None:
-            metadata = handler_call_details.invocation_metadata or ()
             return self._gated_unary(handler, self._tenant(metadata), metadata)
         if method == STREAM and handler.stream_stream is not None:
-            return self._gated_stream(handler, self._tenant(handler_call_details.invocation_metadata))
+            return self._gated_stream(handler, self._tenant(metadata))
         return handler
 
     def _tenant(self, metadata: Any) -> str:
@@ -190,18 +204,18 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         serve = handler.unary_unary
         assert serve is not None
 
-        async def receive_then_serve(requests: AsyncIterator[Any], context: Any) -> Any:
+        async def receive_then_serve(_requests: AsyncIterator[Any], context: Any) -> Any:
             arrived = self._clock.now()
             head = None if self.door is None else await self.door.enter(metadata, context)
             if not await self.receives.take(tenant, min(RECEIVE_SLOT_WAIT_S, self._timeout_s)):
                 await self._refuse(context, tenant, _busy(self.receives.cap))
             try:
-                request = await _first_message(requests, self._clock, arrived + self._timeout_s)
+                request = await _first_message(context, self._clock, arrived + self._timeout_s)
             finally:
                 self.receives.give_back(tenant)
             if request is _TIMED_OUT:
                 await self._refuse(context, tenant, _slow(self._timeout_s))
-            if request is None:
+            if request is grpc.aio.EOF:
                 await abort(context, InvalidArgument("the call carried no request", reason="no_request"))
             passed = PASSED_DOOR.set(head)
             try:
@@ -238,13 +252,15 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
 
 
 _TIMED_OUT = object()
-"""Marks a body that did not arrive in time (None is gRPC's end of the request stream)."""
+"""Marks a body that did not arrive in time (`grpc.aio.EOF` is gRPC's end of the request stream)."""
 
 
-async def _first_message(requests: AsyncIterator[Any], clock: Clock, deadline: float) -> Any:
-    """The call's request (None when the client sent none), or `_TIMED_OUT` once `clock` reaches `deadline`.
-    A bare timer that cancels this task, rather than `asyncio.timeout`: it runs for every call, and costs
-    about half as much (measured ~25 µs of CPU per call for `asyncio.timeout`)."""
+async def _first_message(context: Any, clock: Clock, deadline: float) -> Any:
+    """The call's request (`grpc.aio.EOF` when the client sent none), or `_TIMED_OUT` once `clock` reaches
+    `deadline`. A bare timer that cancels this task, rather than `asyncio.timeout`: it runs for every call,
+    and costs about half as much (measured ~25 µs of CPU per call for `asyncio.timeout`). Read with
+    `context.read()`, not from the handler's request iterator: that one is an async generator, made and
+    registered with the event loop per call, around the same read."""
     task = asyncio.current_task()
     assert task is not None
     expired = False
@@ -256,7 +272,7 @@ async def _first_message(requests: AsyncIterator[Any], clock: Clock, deadline: f
 
     timer = clock.call_at(deadline, expire)
     try:
-        return await anext(requests, None)
+        return await context.read()
     except asyncio.CancelledError:
         if expired and task.uncancel() == 0:  # only this timer asked: the call itself goes on
             return _TIMED_OUT

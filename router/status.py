@@ -216,6 +216,8 @@ class StatusLoop:
                 self._metrics.lane_depth.labels(name, version).set(held.depth if held else 0)
                 self._metrics.lane_oldest_age.labels(name, version).set(held.oldest_age_s if held else 0.0)
         self._metrics.queued_bytes.set(view.queued_bytes())
+        self._metrics.queue_depth.set(view.queued())
+        self._metrics.in_flight_batches.set(view.in_flight_batches())
         self._metrics.inflight_bytes.set(self._inflight_bytes.used)
         accepting = view.accepting_count()
         self._metrics.workers.labels("true").set(accepting)
