@@ -275,11 +275,18 @@ class Driver:
         self._carry_out(decision, now)
 
     def worker_registered(
-        self, worker_id: str, models: dict[tuple[str, str], dict[int, float]], capacity: int, ready: bool
+        self,
+        worker_id: str,
+        models: dict[tuple[str, str], dict[int, float]],
+        capacity: int,
+        ready: bool,
+        device: str,
     ) -> None:
         """A worker's etcd record appeared or changed (models with their warm-up timings)."""
         now = self.clock.now()
-        self._carry_out(self.core.worker_registered(now, worker_id, models, capacity, ready), now)
+        self._carry_out(
+            self.core.worker_registered(now, worker_id, models, capacity, ready, device=device), now
+        )
 
     def worker_connected(self, worker_id: str, connected: bool) -> None:
         """A worker's stream came up or went down (its batches are then lost: `worker_left`)."""

@@ -117,6 +117,7 @@ class Membership:
             {(m.name, m.version): m.warmup_s for m in record.models},
             record.capacity,
             record.state == "ready",
+            record.device,
         )
 
     def _connect(self, record: WorkerRecord) -> None:

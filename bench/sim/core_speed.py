@@ -61,7 +61,7 @@ def measure(rows: int, requests: int) -> CoreSpeed:
         0.0, settings=RouterSettings(), admission=AdmissionSettings(), tenants={"t": UNLIMITED},
         batcher=TimerBatcher(), chooser=LeastLoaded(),
     )  # fmt: skip
-    core.worker_registered(0.0, "w0", {(KEY.model, KEY.version): WARMUP}, 1, True)
+    core.worker_registered(0.0, "w0", {(KEY.model, KEY.version): WARMUP}, 1, True, device="cpu")
     core.worker_connected(0.0, "w0", True)
     # The first request keeps the worker busy, so each cycle's arrivals queue behind its batch.
     first = core.new_request(

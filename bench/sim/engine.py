@@ -57,6 +57,9 @@ asks for the same instant over and over.)"""
 BYTES_PER_ROW_ITEM = 4
 """FP32: a request's queued bytes are rows x length x 4 (admission's byte bound)."""
 CoreFactory = Callable[[int, RunPlan], RouterCore]
+SIM_DEVICE = "accelerator"
+"""What a simulated worker registers as: its batch time does not share the router's CPU, as an accelerator's
+does not, so a router keeps two batches on it (`router.batches_in_flight_per_worker` by device)."""
 
 
 def make_core(router: int, plan: RunPlan) -> RouterCore:
@@ -153,7 +156,9 @@ class Simulation:
     def _register(self, router: int, worker: SimWorker, *, ready: bool, now: float) -> None:
         model = self.plan.scenario.model
         models = {(model.name, model.version): self._warmup}
-        decision = self.cores[router].worker_registered(now, worker.worker_id, models, worker.capacity, ready)
+        decision = self.cores[router].worker_registered(
+            now, worker.worker_id, models, worker.capacity, ready, device=SIM_DEVICE
+        )
         self._apply(router, decision, now)
 
     # -- the loop -----------------------------------------------------------------------------------------

@@ -105,7 +105,8 @@ class WorkerGroup(_Strict):
     """Relative speed: batch times are divided by it (0.5 = twice slower)."""
     capacity: int = Field(default=2, ge=1)
     """Batches each worker holds at once from all routers together (its registration's `capacity`);
-    one router alone keeps at most `router.batches_in_flight_per_worker` (2) on it."""
+    one router alone keeps at most `router.batches_in_flight_per_worker` on it (2: a simulated worker
+    registers as an accelerator)."""
 
 
 class Noise(_Strict):

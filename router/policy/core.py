@@ -252,11 +252,14 @@ class RouterCore:
         models: Mapping[tuple[str, str], Mapping[int, float]],
         capacity: int,
         ready: bool,
+        *,
+        device: str,
     ) -> Decision:
         """A worker's registration appeared or changed: its model versions (each with the forward time by
         batch size it measured at warm-up, which seeds estimates nobody has measured yet), its capacity
-        (batches it holds at once, all routers together), ready or draining."""
-        self.fleet.registered(worker_id, models, capacity, ready)
+        (batches it holds at once, all routers together), ready or draining, and its device (how many
+        batches this router keeps on it by default)."""
+        self.fleet.registered(worker_id, models, capacity, ready, device)
         return self.tick(now)
 
     def worker_connected(self, now: float, worker_id: str, connected: bool) -> Decision:

@@ -26,10 +26,16 @@ BATCH_S_WEIGHT = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
 
 
+def in_flight_for(device: str) -> int:
+    """Batches a router keeps on a worker by default: one on a CPU, two on an accelerator
+    (`router.batches_in_flight_per_worker`)."""
+    return 1 if device.split(":", 1)[0] == "cpu" else 2
+
+
 class Fleet:
     """The workers of one router: slots, health and the estimates their answers feed."""
 
-    def __init__(self, estimates: ServiceEstimates, hang_after_s: float, per_router: int) -> None:
+    def __init__(self, estimates: ServiceEstimates, hang_after_s: float, per_router: int = 0) -> None:
         self.pool = WorkerPool()
         self.health = WorkerHealth(hang_after_s)
         self._estimates = estimates
@@ -41,12 +47,13 @@ class Fleet:
         models: Mapping[tuple[str, str], Mapping[int, float]],
         capacity: int,
         ready: bool,
+        device: str,
     ) -> None:
         """A registration appeared or changed (warm-up times seed estimates nobody has measured yet)."""
         for (model, version), warmup in models.items():
             if warmup:
                 self._estimates.seed(model, version, warmup)
-        slot = self.pool.add(worker_id, models, capacity, self._per_router)
+        slot = self.pool.add(worker_id, models, capacity, self._per_router or in_flight_for(device))
         if not slot.batch_s:
             slot.batch_s = max(self._estimates.batch_seconds(m, v, 1) for m, v in models) if models else 0.0
         slot.registered_ready = ready

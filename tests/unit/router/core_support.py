@@ -44,10 +44,17 @@ def make_core(
 
 
 def join(
-    core: RouterCore, worker_id: str, now: float = 0.0, *, capacity: int = 2, ready: bool = True
+    core: RouterCore,
+    worker_id: str,
+    now: float = 0.0,
+    *,
+    capacity: int = 2,
+    ready: bool = True,
+    device: str = "cuda",
 ) -> None:
-    """A worker of m:1 registers, connects and reports READY."""
-    core.worker_registered(now, worker_id, {("m", "1"): {}}, capacity, ready)
+    """A worker of m:1 registers (an accelerator unless `device` says otherwise), connects and reports
+    READY."""
+    core.worker_registered(now, worker_id, {("m", "1"): {}}, capacity, ready, device=device)
     core.worker_connected(now, worker_id, True)
 
 

@@ -37,7 +37,7 @@ def refusal(decision: Decision, request: QueuedRequest) -> SluiceError:
 
 def join_warmed(core: RouterCore, worker_id: str = "w") -> None:
     """A worker of m:1 joins with its warm-up timings (they set the best-case floor)."""
-    core.worker_registered(0.0, worker_id, {("m", "1"): WARMUP}, 2, True)
+    core.worker_registered(0.0, worker_id, {("m", "1"): WARMUP}, 2, True, device="cuda")
     core.worker_connected(0.0, worker_id, True)
 
 
@@ -90,7 +90,7 @@ def test_the_safety_margin_alone_never_makes_a_refusal_terminal() -> None:
 
 def test_a_version_never_timed_has_no_floor_so_nothing_is_terminal() -> None:
     core = make_core()
-    core.worker_registered(0.0, "w", {("n", "1"): {}}, 2, True)
+    core.worker_registered(0.0, "w", {("n", "1"): {}}, 2, True, device="cuda")
     core.worker_connected(0.0, "w", True)
     unknown = request(0.0, timeout=0.001, lane=LaneKey("n", "1"))  # below the 5 ms prior, but unmeasured
     error = refusal(core.arrive(0.0, unknown), unknown)

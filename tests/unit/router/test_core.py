@@ -105,6 +105,20 @@ def test_at_most_per_router_batches_on_each_worker(core: RouterCore) -> None:
     assert core.queues.queued() > 0
 
 
+@pytest.mark.parametrize(
+    ("device", "setting", "kept"), [("cpu", 0, 1), ("cuda:0", 0, 2), ("cpu", 2, 2), ("cuda", 1, 1)]
+)
+def test_batches_kept_on_a_worker_go_by_its_device_unless_configured(
+    device: str, setting: int, kept: int
+) -> None:
+    core = make_core(settings=RouterSettings(batches_in_flight_per_worker=setting))
+    join(core, "w1", capacity=8, device=device)
+    for _ in range(40):
+        core.arrive(0.0, request(0.0, limits=WIDE))
+    core.tick(0.5)
+    assert [w.in_flight_batches for w in core.workers] == [kept]  # a CPU forward overlaps no second batch
+
+
 def test_other_routers_batches_count_against_a_workers_capacity() -> None:
     core = make_core(settings=RouterSettings(batches_in_flight_per_worker=2))
     join(core, "w1", capacity=3)
@@ -153,11 +167,11 @@ def test_a_draining_worker_gets_no_new_batches(core: RouterCore) -> None:
 
 def test_a_worker_takes_batches_only_once_registered_ready_connected_and_ready_on_its_stream() -> None:
     core = make_core()
-    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, True)
+    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, True, device="cuda")
     assert not core.serves("m", "1")  # no stream yet
     core.worker_connected(0.0, "w1", True)
     assert core.serves("m", "1")
-    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, False)  # the record says draining
+    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, False, device="cuda")  # the record says draining
     assert not core.serves("m", "1")
 
 
@@ -204,7 +218,7 @@ class _BrokenBatcher(TimerBatcher):
 
 def test_a_bug_in_one_lane_fails_that_lane_only() -> None:
     core = make_core(batcher=_BrokenBatcher())
-    core.worker_registered(0.0, "w1", {("m", "1"): {}, ("broken", "1"): {}}, 2, True)
+    core.worker_registered(0.0, "w1", {("m", "1"): {}, ("broken", "1"): {}}, 2, True, device="cuda")
     core.worker_connected(0.0, "w1", True)
     broken = request(0.0, lane=LaneKey("broken", "1"))
     decision = core.arrive(0.0, broken)
@@ -415,10 +429,12 @@ def test_without_a_version_the_newest_one_a_worker_accepts_batches_for_is_served
     worker = WorkerRecord(worker_id="w1", addr="a:1", device="cpu", models=(_record("1"), _record("2")),
                           capacity=2, state="ready", started_at=0.0)  # fmt: skip
     catalog.update({"w1": worker})
-    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, True)  # only version 1 is connected here
+    core.worker_registered(
+        0.0, "w1", {("m", "1"): {}}, 2, True, device="cuda"
+    )  # only version 1 is connected here
     core.worker_connected(0.0, "w1", True)
     assert version_to_serve(catalog, "m", "", core.serves).version == "1"
-    core.worker_registered(0.0, "w2", {("m", "2"): {}}, 2, True)
+    core.worker_registered(0.0, "w2", {("m", "2"): {}}, 2, True, device="cuda")
     core.worker_connected(0.0, "w2", True)
     assert version_to_serve(catalog, "m", "", core.serves).version == "2"
     assert version_to_serve(catalog, "m", "1", core.serves).version == "1"

@@ -16,7 +16,7 @@ def test_workers_and_readiness_follow_the_core() -> None:
     view = core.view
     assert not view.any_accepting() and view.ready_workers("m") == 0 and view.workers() == ()
     join(core, "w2")
-    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, False)  # registered, not ready
+    core.worker_registered(0.0, "w1", {("m", "1"): {}}, 2, False, device="cuda")  # registered, not ready
     assert view.any_accepting() and view.accepting_count() == 1 and view.worker_count() == 2
     assert view.ready_workers("m") == 1 and view.ready_workers("other") == 0
     assert [w.worker_id for w in view.workers()] == ["w1", "w2"]

@@ -150,7 +150,7 @@ def make_driver(
 
 def join(driver: Driver, *worker_ids: str) -> None:
     for worker_id in worker_ids:
-        driver.worker_registered(worker_id, {("mlp", "1"): {}}, 2, True)
+        driver.worker_registered(worker_id, {("mlp", "1"): {}}, 2, True, "cuda")
         driver.worker_connected(worker_id, True)
 
 

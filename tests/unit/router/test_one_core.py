@@ -146,7 +146,7 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
     warmup = {rows: model.batch_seconds(rows, 1.0) for rows in (1, model.max_batch_size)}
     for worker_id in ("w0", "w1"):
         links.add(FakeLink(worker_id))
-        driver.worker_registered(worker_id, {(model.name, model.version): warmup}, 2, True)
+        driver.worker_registered(worker_id, {(model.name, model.version): warmup}, 2, True, "cuda")
         driver.worker_connected(worker_id, True)
     core.log.clear()
     calls = []

@@ -78,7 +78,9 @@ def make_core(shapes: ShapeTable | None = None) -> RouterCore:
 
 
 def join(core: RouterCore, record: ModelRecord, worker_id: str = "w", capacity: int = 4) -> None:
-    core.worker_registered(0.0, worker_id, {(record.name, record.version): {1: 0.001}}, capacity, True)
+    core.worker_registered(
+        0.0, worker_id, {(record.name, record.version): {1: 0.001}}, capacity, True, device="cuda"
+    )
     core.worker_connected(0.0, worker_id, True)
 
 
