@@ -52,7 +52,11 @@ async def run(
     make_router: MakeRouter, spawn: Spawn, scheduler: Scheduler, tag: str, scale: float
 ) -> dict[str, Any]:
     router = await make_router(
-        router=RouterSettings(listen="127.0.0.1:0", metrics_port=0, scheduler=scheduler)
+        # Two batches on each worker, as on an accelerator: with a CPU worker's default of one, every
+        # chooser can only pick among idle workers, and the slow one gets less under either.
+        router=RouterSettings(
+            listen="127.0.0.1:0", metrics_port=0, scheduler=scheduler, batches_in_flight_per_worker=2
+        )
     )
     workers = [spawn(f"fast-{tag}", slowdown=FAST * scale), spawn(f"slow-{tag}", slowdown=SLOW * scale)]
     await eventually(lambda: len(accepting_workers(router)) == 2, 60, "both workers accepted")
