@@ -166,8 +166,8 @@ class RouterSettings(_Section):
     batches_in_flight_per_worker: int = Field(default=0, ge=0, le=64)
     """Batches this router keeps on one worker at once; 0 (the default): by the worker's device, 1 on a CPU
     (a second batch in flight overlaps nothing there: the forward and the hop share the host's cores, so it
-    only halved the batches and added a message each way: docs/performance.md "One batch in flight on a
-    CPU worker"), 2 on an accelerator (the next batch's transfer overlaps the current compute). Set 2 for
+    only halved the batches and added a message each way: docs/performance.md, "The second sitting of
+    2026-12-01"), 2 on an accelerator (the next batch's transfer overlaps the current compute). Set 2 for
     CPU workers on nodes of their own whose network round trip is a sizeable part of a forward."""
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for requests that carry neither a gRPC deadline nor parameters["timeout"]."""
