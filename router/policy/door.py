@@ -126,21 +126,21 @@ class Door:
         if not self.max_delay_s:
             return
         self._count_arrivals()
-        protect = self._protects(delay_s)
-        self._control(delay_s, now, protect)
-        self._share_out(protect)
+        top = self._protected_level(delay_s)
+        self._control(delay_s, now, top)
+        self._share_out(top)
 
-    def _control(self, delay_s: float, now: float, protect: bool) -> None:
+    def _control(self, delay_s: float, now: float, top: int | None) -> None:
         """The total fraction's AIMD law (module docstring)."""
         if delay_s > self.max_delay_s:
             if not self.engaged:
                 self._above_since = now if self._above_since is None else self._above_since
                 recently_open = now - self._opened_at < REARM_S
-                if now - self._above_since < self.sustain_s and not recently_open and not protect:
+                if now - self._above_since < self.sustain_s and not recently_open and top is None:
                     return
                 self.engaged = True
             if now >= self._hold_until:
-                cut = max(MIN_FRACTION, self.fraction * DECREASE, self._top_share() if protect else 0.0)
+                cut = max(MIN_FRACTION, self.fraction * DECREASE, 0.0 if top is None else self._share_of(top))
                 self.fraction = min(self.fraction, cut)
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
@@ -158,28 +158,25 @@ class Door:
             level.recent = recent if recent >= FORGOTTEN else 0.0
             level.arrivals = 0
 
-    def _calling(self) -> list[int]:
-        """The levels with recent arrivals, highest (lowest number) first."""
-        return sorted(number for number, level in self._levels.items() if level.recent)
+    def _protected_level(self, delay_s: float) -> int | None:
+        """The level spared this sample: the highest calling one, while more than one level calls and the
+        wait is under `PROTECT` times the bound (module docstring); None otherwise."""
+        if delay_s > PROTECT * self.max_delay_s:
+            return None
+        calling = [number for number, level in self._levels.items() if level.recent]
+        return min(calling) if len(calling) >= 2 else None
 
-    def _protects(self, delay_s: float) -> bool:
-        """Whether the highest calling level is spared this sample: more than one level calls and the
-        wait is under `PROTECT` times the bound (module docstring)."""
-        return delay_s <= PROTECT * self.max_delay_s and len(self._calling()) >= 2
+    def _share_of(self, number: int) -> float:
+        """A level's share of all recent arrivals."""
+        return self._levels[number].recent / sum(level.recent for level in self._levels.values())
 
-    def _top_share(self) -> float:
-        """The highest calling level's share of all recent arrivals."""
-        calling = self._calling()
-        return self._levels[calling[0]].recent / sum(self._levels[n].recent for n in calling)
-
-    def _share_out(self, protect: bool) -> None:
+    def _share_out(self, top: int | None) -> None:
         """Hand the admitted fraction out from the highest priority level (lowest number) down, in
         proportion to each level's recent arrivals; a protected highest level is admitted whole whatever
         its arrivals did since the last sample (a Poisson sample above its average share must not cost it
         requests), the levels below share what is left."""
         total = sum(level.recent for level in self._levels.values())
         left = self.fraction * total  # arrivals' worth the router can take
-        top = self._calling()[0] if protect else None
         for number in sorted(self._levels):
             level = self._levels[number]
             if self.fraction >= 1.0 or number == top:

@@ -35,7 +35,7 @@ def in_flight_for(device: str) -> int:
 class Fleet:
     """The workers of one router: slots, health and the estimates their answers feed."""
 
-    def __init__(self, estimates: ServiceEstimates, hang_after_s: float, per_router: int = 0) -> None:
+    def __init__(self, estimates: ServiceEstimates, hang_after_s: float, per_router: int) -> None:
         self.pool = WorkerPool()
         self.health = WorkerHealth(hang_after_s)
         self._estimates = estimates
