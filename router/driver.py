@@ -243,11 +243,14 @@ class Driver:
         RESOURCE_EXHAUSTED."""
         self.core.charge(self.clock.now(), tenant.name)
 
-    def host_load(self, *, batch_s: float, row_s: float, constrained: bool) -> None:
-        """The router's own CPU per batch and per row, and whether it is the constraint now
-        (`RouterCore.host_load`; the status pass measures them)."""
+    def host_load(self, *, batch_s: float, row_s: float, constrained: bool, pressure: float) -> None:
+        """The router's own CPU per batch and per row, whether it is the constraint now, and its CPU
+        pressure (`RouterCore.host_load`; the status pass measures them)."""
         now = self.clock.now()
-        self._carry_out(self.core.host_load(now, batch_s=batch_s, row_s=row_s, constrained=constrained), now)
+        decision = self.core.host_load(
+            now, batch_s=batch_s, row_s=row_s, constrained=constrained, pressure=pressure
+        )
+        self._carry_out(decision, now)
 
     # -- worker events ------------------------------------------------------------------------------------
     def on_message(self, worker_id: str, message: worker_pb2.WorkerMessage) -> None:

@@ -36,6 +36,7 @@ from sluice_inference.common.tls import server_credentials
 from sluice_inference.router.auditor import CacheAuditor
 from sluice_inference.router.auth import AccessPolicy, TenantKeys
 from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.dataplane import DataPlane, DriverBackend
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.edge import FrontDoor, GenericOnly, MalformedBodies, add_service
@@ -167,6 +168,7 @@ class RouterServer:
             autoscale=config.autoscale,
             etcd_connected=self._etcd_connected,
             clock=self.clock,
+            pressure=CpuPressure(),
             door=self.door,
         )
         self.dataplane = DataPlane(

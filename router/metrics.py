@@ -157,6 +157,10 @@ class RouterMetrics:
             "sluice_router_call_delay_seconds", "How long a call waits before the router's code runs (its "
             "own probe's round trip; router CPU saturation)", registry=r,
         )  # fmt: skip
+        self.cpu_pressure = Gauge(
+            "sluice_router_cpu_pressure", "Share of the time the router's event loop runs or waits to run "
+            "(0..1); from 0.5 up, batches are held for fuller ones", registry=r,
+        )  # fmt: skip
         self.door_fraction = Gauge(
             "sluice_router_door_admitted_fraction", "Share of new inference requests the front door admits "
             "(1 unless calls wait too long to reach the router's code)", registry=r,

@@ -22,12 +22,14 @@ from sluice_inference.common.errors import Unavailable
 from sluice_inference.common.etcd_watch import WatchHealth
 from sluice_inference.common.pb.inference import grpc_service_pb2
 from sluice_inference.router.cache_gate import CacheGate
+from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.host_cost import HostCostFit
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.peers import PeerView
 from sluice_inference.router.policy.autoscale import Autoscaler, ModelLoad, ScalingPolicy
+from sluice_inference.router.policy.batcher import PRESSED, SATURATED
 from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.door import Door
@@ -42,6 +44,11 @@ CORE_STUCK_RETRY_S = 1.0
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+PRESSURE_STEP = 0.05
+"""CPU pressure is handed to the core in steps this large, and only within `PRESSED`..`SATURATED` (where
+the batcher reads it): each new value makes the core decide its waiting lanes afresh."""
+NO_HOST_REPORT = (0.0, 0.0, False, PRESSED)
+"""What the core holds before any report: no host costs, no constraint, no hold."""
 
 
 class StatusLoop:
@@ -63,6 +70,7 @@ class StatusLoop:
         autoscale: AutoscaleSettings,
         etcd_connected: Callable[[], bool],
         clock: Clock,
+        pressure: CpuPressure,
         door: Door | None = None,
         cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
@@ -72,7 +80,10 @@ class StatusLoop:
         self._host_fit = HostCostFit()
         self._host_seen = (cpu_seconds(), 0, 0)
         """CPU seconds, batches and rows at the last export (the next interval's start)."""
-        self._host_reported: tuple[float, float, bool] | None = None
+        self._host_reported = NO_HOST_REPORT
+        """(batch_s, row_s, constrained, pressure) as last handed to the core."""
+        self.pressure = pressure
+        """The event loop's CPU pressure, sampled every pass (on the loop's thread)."""
         self._catalog = catalog
         self._peers = peers
         self._watches = tuple(watches)
@@ -125,35 +136,41 @@ class StatusLoop:
         self._watch_core(now)
         self._export_watches()
         await self._set_health()
-        if now - self._exported_at < EXPORT_EVERY_S:
-            return
-        self._exported_at = now
-        self._export_queues(now)
-        self._export_cache()
-        self._export_desired(now)
-        self._report_host_cost()
+        pressure = self.pressure.sample()
+        if now - self._exported_at >= EXPORT_EVERY_S:
+            self._exported_at = now
+            self._export_queues(now)
+            self._export_cache()
+            self._export_desired(now)
+            self._fit_host_cost()
+            self._metrics.cpu_pressure.set(pressure)
+        self._report_host(pressure)
 
-    def _report_host_cost(self) -> None:
-        """Fit the router's CPU per batch and per row over the last intervals (router/host_cost.py) and
-        hand it to the core with the door's verdict on whether that CPU is the constraint; reported while
-        the router is CPU-bound and once when it stops being, nothing until a fit exists (the batcher then
-        behaves as it always did)."""
+    def _fit_host_cost(self) -> None:
+        """Fit the router's CPU per batch and per row over the last intervals (router/host_cost.py)."""
         cpu = self._cpu_seconds()
         batches, rows = self._driver.core.view.sent()
         last_cpu, last_batches, last_rows = self._host_seen
         self._host_seen = (cpu, batches, rows)
-        estimate = self._host_fit.add(cpu - last_cpu, batches - last_batches, rows - last_rows)
-        if estimate is None:
-            return
-        constrained = self._door is not None and self._door.router_bound()
-        was_constrained = self._host_reported is not None and self._host_reported[2]
-        if not constrained and not was_constrained:
-            return  # the batcher leaves the costs out then: a new fit would only reset its waits
-        report = (estimate.batch_s, estimate.row_s, constrained)
+        self._host_fit.add(cpu - last_cpu, batches - last_batches, rows - last_rows)
+
+    def _report_host(self, pressure: float) -> None:
+        """Hand the core what its batcher reads of the router's CPU, when that changed: the fitted costs
+        with the door's verdict while the router is CPU-bound (and once when it stops being; nothing until
+        a fit exists), and the CPU pressure within the band the batcher reads, in `PRESSURE_STEP`s. While
+        neither matters the core hears nothing: the batcher behaves as it always did, and an idle router
+        makes no extra ticks."""
+        estimate = self._host_fit.estimate
+        constrained = estimate is not None and self._door is not None and self._door.router_bound()
+        batch_s, row_s, _, _ = self._host_reported
+        if constrained and estimate is not None:
+            batch_s, row_s = estimate.batch_s, estimate.row_s
+        band = min(SATURATED, max(PRESSED, round(pressure / PRESSURE_STEP) * PRESSURE_STEP))
+        report = (batch_s, row_s, constrained, round(band, 2))
         if report == self._host_reported:
             return
         self._host_reported = report
-        self._driver.host_load(batch_s=report[0], row_s=report[1], constrained=report[2])
+        self._driver.host_load(batch_s=batch_s, row_s=row_s, constrained=constrained, pressure=report[3])
 
     def _watch_core(self, now: float) -> None:
         """The watchdog: a decision loop that died or stopped ticking fails what it held, once, and the

@@ -30,6 +30,17 @@ behind a balancer, each sees about 1/N of the traffic and shares every worker wi
   router's CPU is the constraint, and the target is at least the batch the router itself keeps up with:
   n_host = λ·h / (1 - Λ·c), Λ the router's arrival rate over all lanes (the full batch when Λ·c ≥ 1).
   Otherwise the host term is left out: batches fill because the CPU is short, never at low load.
+- **CPU pressure**: how much of the time the router's event loop wants the CPU (running, or runnable and
+  waiting for it: router/cpu_pressure.py). An idle worker is no reason to cut while the loop is busy most
+  of the time: each batch costs the host its per-batch work (the router's cut, frame and answer, and on a
+  shared host the worker's message handling and a small-batch forward), so a one-row batch cut because the
+  worker is idle spends the CPU the next arrivals need. From `PRESSED` up, the lane holds its oldest
+  request up to a share of the lane's `max_wait` that grows to all of it at `SATURATED` (unless the batch
+  is full or a budget forces the cut); below `PRESSED` nothing changes, so latency at low load does not.
+  The hold is bounded by the model's own `max_wait` (the batching delay its owner accepts; 0 turns it off)
+  and lowers the pressure it reacts to: the loop settles where the two meet. Measured on one core shared
+  by router and worker (docs/performance.md): the rate held within the SLO and goodput under overload
+  both rose with it.
 Under overload n* is the full batch, which maximises throughput; when idle n* = 1, which minimises latency.
 """
 
@@ -48,6 +59,12 @@ from sluice_inference.router.policy.lanes import Lane
 BatchSeconds = Callable[[int], float]
 HEADROOM_FRACTION = 0.5
 HOLD_LEAD_S = 0.0005
+PRESSED = 0.5
+"""CPU pressure (the event loop's share of the time it runs or waits to run) from which a lane holds its
+batch for fuller ones instead of cutting for an idle worker."""
+SATURATED = 0.9
+"""CPU pressure at which the hold is the lane's whole `max_wait` (a loop that wants the CPU this much of
+the time is at its limit: the calls it has not reached yet are queueing)."""
 """A batch for a busy worker is cut this long before the worker is expected to be free, so it is there
 (and staged) when the device becomes idle."""
 UNDERUSED_BELOW = 0.5
@@ -69,6 +86,14 @@ class HostCost:
     """Calls wait to reach the router's code (the door's delay is above its bound)."""
     rows_per_s: float = 0.0
     """Rows per second reaching the router, all lanes together."""
+    pressure: float = 0.0
+    """Share of the time the router's event loop runs or waits to run, 0..1 (the shell measures it)."""
+
+    def hold_s(self, max_wait_s: float) -> float:
+        """How long a lane holds its oldest request for a fuller batch at this pressure: none below
+        `PRESSED`, growing linearly to `max_wait_s` at `SATURATED`."""
+        share = (self.pressure - PRESSED) / (SATURATED - PRESSED)
+        return max_wait_s * min(1.0, share) if share > 0.0 else 0.0
 
 
 NO_HOST_COST = HostCost()
@@ -212,6 +237,10 @@ class AdaptiveBatcher:
             # The worker is busy: a batch sent now would only wait there. Keep collecting (a fuller batch,
             # and the choice of worker stays open) until just before it is free, or the budget says go.
             return WakeAt(hold_until if bound is None else min(hold_until, bound), limits.max_batch_size)
+        held_until = oldest + ctx.host.hold_s(limits.max_wait_s)
+        if ctx.now < held_until:
+            # The router's loop is short of CPU: hold for a fuller batch (module docstring).
+            return WakeAt(held_until if bound is None else min(held_until, bound), limits.max_batch_size)
         target = self.target(lane, ctx)
         if lane.rows >= target:
             return Cut("target")

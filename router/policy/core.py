@@ -358,13 +358,17 @@ class RouterCore:
         """How long a shell waits between two publish rounds (stretched with many routers)."""
         return self.admission.publish_interval_s()
 
-    def host_load(self, now: float, *, batch_s: float, row_s: float, constrained: bool) -> Decision:
-        """What the router's own CPU spends per batch and per row (the shell measures it), and whether it is
-        the constraint now (calls wait to reach the router's code: the door's delay is above its bound).
-        While it is, the adaptive batcher's target is at least the batch the router keeps up with
-        (batcher.py), so batches fill because the router's CPU is short, never at low load. Raises
-        ValueError for a cost outside 0..`MAX_HOST_S` (planner.py)."""
-        self.planner.set_host(HostCost(batch_s, row_s, constrained))
+    def host_load(
+        self, now: float, *, batch_s: float, row_s: float, constrained: bool, pressure: float
+    ) -> Decision:
+        """What the router's own CPU spends per batch and per row (the shell measures it), whether it is
+        the constraint now (calls wait to reach the router's code: the door's delay is above its bound),
+        and its CPU pressure (the share of the time its event loop runs or waits to run, 0..1). While it
+        is constrained, the adaptive batcher's target is at least the batch the router keeps up with; while
+        the pressure is high, a lane holds for a fuller batch instead of cutting for an idle worker
+        (batcher.py): batches fill because the router's CPU is short, never at low load. Raises ValueError
+        for a cost outside 0..`MAX_HOST_S` or a pressure outside 0..1 (planner.py)."""
+        self.planner.set_host(HostCost(batch_s, row_s, constrained, pressure=pressure))
         return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ changes (`set_host`); it is reused only while the worker pool's epoch is unchang
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sluice_inference.router.policy.batcher import NO_HOST_COST, BatchContext, Batcher, Cut, HostCost
 from sluice_inference.router.policy.estimators import ServiceEstimates
@@ -79,6 +79,8 @@ class Planner:
         for name, value in (("batch_s", host.batch_s), ("row_s", host.row_s)):
             if not 0.0 <= value <= MAX_HOST_S:  # NaN fails too
                 raise ValueError(f"host_load: {name} must lie in 0..{MAX_HOST_S} s, not {value!r}")
+        if not 0.0 <= host.pressure <= 1.0:
+            raise ValueError(f"host_load: pressure must lie in 0..1, not {host.pressure!r}")
         self.host = host
         self._waiting.clear()
 
@@ -137,7 +139,7 @@ class Planner:
         free_at = max(worker.busy_until, worker.others_free_at)
         host = self.host
         if host.constrained:
-            host = HostCost(host.batch_s, host.row_s, True, arrival_rate)
+            host = replace(host, rows_per_s=arrival_rate)
         context = BatchContext(now, idle, batch_seconds, serving / routers, stats, free_at, host)
         verdict = self.batcher.decide(lane, context)
         if isinstance(verdict, Cut):

@@ -116,3 +116,38 @@ def test_a_router_out_of_cpu_for_its_rows_alone_sends_full_batches() -> None:
     assert host_keep_up_size(500, HostCost(0.002, 0.001, True, 1000.0), 32) == 32
     assert host_keep_up_size(1, HostCost(0.002, 0.0005, True, 1000.0), 32) == 1  # a quiet lane: one row
     assert host_keep_up_size(500, HostCost(0.0, 0.0005, True, 1000.0), 32) == 1  # no per-batch cost
+
+
+def pressed_ctx(pressure: float, now: float, *, idle: bool = True) -> BatchContext:
+    """The adaptive batcher's context at 500 rows/s with the router's loop under `pressure`."""
+    host = HostCost(pressure=pressure)
+    return BatchContext(now, idle, linear(0.010, 0.001), 8, stats_at_rate(500, now), host=host)
+
+
+@pytest.mark.parametrize(
+    ("pressure", "hold"), [(0.0, 0.0), (0.5, 0.0), (0.7, 0.005), (0.9, 0.01), (1.0, 0.01)]
+)
+def test_cpu_pressure_holds_a_batch_for_a_share_of_its_max_wait(pressure: float, hold: float) -> None:
+    assert HostCost(pressure=pressure).hold_s(0.01) == pytest.approx(hold)
+
+
+def test_an_idle_worker_is_no_reason_to_cut_while_the_routers_loop_is_short_of_cpu() -> None:
+    lane = lane_with([10.0], max_batch=32, max_wait=0.01)
+    batcher = AdaptiveBatcher()
+    # 8 workers keep up one row at a time: without pressure the one-row target is met at once
+    assert batcher.decide(lane, pressed_ctx(0.3, 10.0)) == Cut("target")
+    # at 0.7 the oldest row is held for half its 10 ms max wait, for a full batch
+    assert batcher.decide(lane, pressed_ctx(0.7, 10.0)) == WakeAt(10.005, 32)
+    assert batcher.decide(lane, pressed_ctx(0.7, 10.004)) == WakeAt(10.005, 32)
+    assert batcher.decide(lane, pressed_ctx(0.7, 10.005)) == Cut("target")  # held long enough
+
+
+def test_the_cpu_hold_yields_to_a_full_batch_and_to_the_tightest_budget() -> None:
+    assert AdaptiveBatcher().decide(lane_with([10.0] * 4, max_batch=4), pressed_ctx(1.0, 10.0)) == Cut("full")
+    tight = Lane(KEY, LaneLimits(max_batch_size=32, max_wait_s=0.1))
+    tight.push(QueuedRequest(0, KEY, 1, arrival=10.0, deadline=10.2, latest_start=10.06))
+    decision = AdaptiveBatcher().decide(tight, pressed_ctx(1.0, 10.0))
+    # the budget bound (its latest start less what a full batch adds, 31 ms) comes before the 100 ms hold
+    assert isinstance(decision, WakeAt) and decision.rows == 32
+    assert decision.when == pytest.approx(10.029)
+    assert AdaptiveBatcher().decide(tight, pressed_ctx(1.0, decision.when)) == Cut("deadline")

@@ -244,10 +244,11 @@ def test_the_batcher_sees_the_host_cost_with_the_routers_arrival_rate_only_while
     join(core, "w", capacity=8)
     core.arrive(0.0, request(0.0))
     assert batcher.contexts[-1].host == NO_HOST_COST
-    core.host_load(0.5, batch_s=0.002, row_s=0.0005, constrained=False)
+    core.host_load(0.5, batch_s=0.002, row_s=0.0005, constrained=False, pressure=0.0)
     core.arrive(0.5, request(0.5))  # the worker now holds a batch: this one waits in the lane
     assert batcher.contexts[-1].host == HostCost(0.002, 0.0005, False, 0.0)  # no rate: it is not used
-    core.host_load(1.0, batch_s=0.002, row_s=0.0005, constrained=True)  # its tick decides for the lane
+    # its tick decides for the lane
+    core.host_load(1.0, batch_s=0.002, row_s=0.0005, constrained=True, pressure=0.0)
     assert len(batcher.contexts) == 3
     host = batcher.contexts[-1].host
     assert host.constrained and (host.batch_s, host.row_s) == (0.002, 0.0005)
@@ -258,7 +259,7 @@ def test_the_batcher_sees_the_host_cost_with_the_routers_arrival_rate_only_while
 def test_host_costs_outside_their_range_are_refused(bad: float) -> None:
     core = make_core()
     with pytest.raises(ValueError, match="host_load: row_s"):
-        core.host_load(0.0, batch_s=0.001, row_s=bad, constrained=True)
+        core.host_load(0.0, batch_s=0.001, row_s=bad, constrained=True, pressure=0.0)
 
 
 # -- after dispatch -----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,12 +33,21 @@ from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.codec import DecodedRequest, decode_call
+from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.kserve_codec import call_from_request
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.peers import PeerView
-from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.batcher import (
+    NO_HOST_COST,
+    PRESSED,
+    SATURATED,
+    BatchContext,
+    Cut,
+    TimerBatcher,
+    WakeAt,
+)
 from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import RouterCore
@@ -332,8 +342,11 @@ def status_loop(
     *,
     door: Door | None = None,
     cpu_seconds: Callable[[], float] = time.process_time,
+    pressure: CpuPressure | None = None,
 ) -> StatusLoop:
-    """The router's status pass over `driver`, with no etcd behind it."""
+    """The router's status pass over `driver`, with no etcd behind it (and, unless `pressure` says
+    otherwise, a loop that never wants the CPU: the real one would make the batcher hold in a busy test
+    run)."""
     metrics = RouterMetrics()
     tenants = {TENANT.name: TENANT.settings}
     store = ResultCacheStore(capacity_bytes=1024, ttl_s=1.0, clock=clock)
@@ -354,6 +367,7 @@ def status_loop(
         clock=clock,
         door=door,
         cpu_seconds=cpu_seconds,
+        pressure=pressure or CpuPressure(clock.now, lambda: (0.0, 0.0)),
     )
 
 
@@ -392,6 +406,49 @@ async def test_the_status_pass_hands_the_core_the_routers_cpu_per_batch_and_row_
         assert not driver.core.planner.host.constrained
     finally:
         await driver.stop()
+
+
+async def test_the_status_pass_hands_the_core_its_cpu_pressure_only_within_the_band_the_batcher_reads(
+    links: WorkerLinks,
+) -> None:
+    """The loop's pressure reaches the core's batcher in steps, only from `PRESSED` up (below it the core
+    hears nothing: an idle router makes no extra ticks), and falls back to no hold when the load goes."""
+    driver = make_driver(links)
+    status_clock = FakeClock(1000.0)
+    busy = [0.0]
+    share = [0.0]
+
+    def times() -> tuple[float, float]:  # the loop wanted the CPU `share` of each 0.2 s pass
+        busy[0] += share[0] * 0.2
+        return busy[0], 0.0
+
+    pressure = CpuPressure(status_clock.now, times)
+    status = status_loop(driver, HealthServicer(), status_clock, pressure=pressure)
+    reports: list[float] = []
+    original = driver.host_load
+
+    def recording(**kwargs: Any) -> None:
+        reports.append(kwargs["pressure"])
+        original(**kwargs)
+
+    driver.host_load = recording  # type: ignore[method-assign]
+
+    async def passes(level: float, count: int) -> None:
+        share[0] = level
+        for _ in range(count):
+            status_clock.advance(0.2)
+            await status.refresh()
+
+    await passes(0.3, 10)  # a lightly loaded loop: nothing handed over
+    assert reports == [] and driver.core.planner.host == NO_HOST_COST
+    await passes(0.8, 10)  # the smoothed pressure climbs to 0.8 in steps of 0.05
+    assert driver.core.planner.host.pressure == pytest.approx(0.8)
+    assert reports == sorted(reports) and len(reports) == len(set(reports)) <= 7
+    await passes(1.0, 10)  # past `SATURATED` it is held at the top of the band
+    assert driver.core.planner.host.pressure == pytest.approx(SATURATED)
+    await passes(0.1, 10)  # the load went: back to the bottom of the band, where nothing is held
+    assert driver.core.planner.host.pressure == pytest.approx(PRESSED)
+    assert driver.core.planner.host.hold_s(0.005) == 0.0
 
 
 async def overall_health(health: HealthServicer) -> int:

@@ -24,6 +24,7 @@ from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecor
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferCall, InputTensor
 from sluice_inference.router.codec import decode_call
+from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.live_stats import LiveStats
 from sluice_inference.router.metrics import RouterMetrics
@@ -133,6 +134,7 @@ def status_loop(driver: Driver, catalog: ModelCatalog, clock: FakeClock) -> Stat
         autoscale=AutoscaleSettings(),
         etcd_connected=lambda: True,
         clock=clock,
+        pressure=CpuPressure(clock.now, lambda: (0.0, 0.0)),
     )
 
 
