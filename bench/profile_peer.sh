@@ -6,7 +6,8 @@
 #      SLUICE_PROJECT (the checkout to measure, default this one: an older commit's worktree for a before),
 #      NATIVE=1 (also sample native frames: grpc's C core; pauses the processes while sampling)
 # Needs `../shared/peers/setup.sh tools` once and py-spy (a dev dependency: `make install`).
-# Prints the breakdown (bench/cpu_breakdown.py); the raw samples stay in $OUT for flame graphs.
+# Prints the breakdown (bench/cpu_breakdown.py) and each thread's CPU and run-queue wait from the kernel
+# (bench/thread_cpu.py); the raw samples stay in $OUT for flame graphs.
 set -euo pipefail
 rate=${1:?usage: bench/profile_peer.sh RATE [SECONDS]}
 seconds=${2:-10}
@@ -47,6 +48,7 @@ loadgen $target --rate "$rate" --duration "$total" --warmup 0 --timeout 2 --labe
 load=$!
 sleep "$warmup"
 r0=$(cpu_of "$router"); w0=$(cpu_of "$worker")
+"$project/.venv/bin/python" -m sluice_inference.bench.thread_cpu snap "$router" "$worker" >"$out/threads0.json"
 "$pyspy" record $sampling --rate 250 --format raw -d "$seconds" -p "$router" -o "$out/router.raw" \
   >/dev/null 2>&1 &
 spy_router=$!
@@ -55,6 +57,7 @@ spy_router=$!
 spy_worker=$!
 wait "$spy_router" "$spy_worker"
 r1=$(cpu_of "$router"); w1=$(cpu_of "$worker")
+"$project/.venv/bin/python" -m sluice_inference.bench.thread_cpu snap "$router" "$worker" >"$out/threads1.json"
 wait "$load"
 router_s=$(python3 -c "print(($r1 - $r0) / $tck)")
 worker_s=$(python3 -c "print(($w1 - $w0) / $tck)")
@@ -62,3 +65,7 @@ requests=$(python3 -c "print(round($rate * $seconds))")
 echo "rate $rate req/s for ${seconds}s: router ${router_s} CPU-s, worker ${worker_s} CPU-s; load: $(cat "$out/load.json")"
 "$project/.venv/bin/python" -m sluice_inference.bench.cpu_breakdown "$out/router.raw" "$out/worker.raw" \
   --cpu-s "$router_s" "$worker_s" --requests "$requests"
+echo
+echo "By thread, from the kernel's scheduler statistics (py-spy counts a runnable thread waiting for the core as busy):"
+"$project/.venv/bin/python" -m sluice_inference.bench.thread_cpu table "$out/threads0.json" "$out/threads1.json" \
+  --requests "$requests" --names router worker
