@@ -66,7 +66,7 @@ from sluice_inference.bench.minimal_path import (
     MinimalPath,
     running_minimal_path,
 )
-from sluice_inference.bench.two_tenant_overload import DOOR_REFUSAL, scenario
+from sluice_inference.bench.two_tenant_overload import TABLE_HEAD, scenario, tenant_row
 
 
 @dataclass(frozen=True)
@@ -98,25 +98,9 @@ def measure(path: MinimalPath, label: str, load: dict[str, Any]) -> Measured:
 
 
 def table(runs: list[Measured]) -> str:
-    """Markdown: per run and tenant, offered / within the SLO / refused at the door / other outcomes (late
-    OK answers and other failures, counted) / p99 of the OK answers."""
-    lines = [
-        "| run | tenant | offered req/s | within SLO req/s | within SLO % | door refusals % | with hint % "
-        "| other outcomes | p99 OK ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        for c in run.report["classes"]:
-            offered = max(1, c["offered"])
-            refused = c["rejected_by_status"].get(DOOR_REFUSAL, 0)
-            p99 = c["latency_ms"]["p99"]
-            lines.append(
-                f"| {run.label} | {c['name']} | {c['offered_rps']:.0f} | {c['goodput_rps']:.0f} | "
-                f"{100 * c['good'] / offered:.1f} | {100 * refused / offered:.1f} | "
-                f"{100 * c['rejected_with_hint'] / max(1, c['rejected']):.0f} | "
-                f"{c['offered'] - c['good'] - refused} | {'-' if p99 is None else f'{p99:.1f}'} |"
-            )
-    return "\n".join(lines)
+    """Markdown: per run and tenant, `tenant_row` (bench/two_tenant_overload.py)."""
+    rows = [tenant_row(run.label, figures) for run in runs for figures in run.report["classes"]]
+    return "\n".join([TABLE_HEAD, *rows])
 
 
 def one_tenant(load: dict[str, Any], name: str) -> dict[str, Any]:

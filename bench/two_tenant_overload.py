@@ -10,12 +10,12 @@ on a cluster whose door bound is `--door-ms`:
    half of R) and bronze the rest.
 
 For each run it prints, per tenant, offered / within the SLO (OK within the deadline every request sends)
-/ refused by the door (UNAVAILABLE `router_overloaded`, each with its retry hint) / other failures, and the
-router's CPU per served and per refused request. The refusal cost is what the overload run's router CPU
-leaves once its OK answers are charged at the served run's cost per request, divided by the refusals (an
-estimate: at overload batches are larger, so a served request is cheaper and the refusal estimate errs
-high). Issue 17's goals: gold keeps >= 95 % of its offered load within the SLO; refusing costs <= 1/3 of
-serving.
+/ refused by the door (UNAVAILABLE `router_overloaded`, each with its retry hint) / other outcomes (late
+or failed), and the router's CPU per served and per refused request. The refusal cost is what the
+overload run's router CPU leaves once its OK answers are charged at the served run's cost per request,
+divided by the refusals (an estimate: at overload batches are larger, so a served request is cheaper and
+the refusal estimate errs high). Issue 17's goals: gold keeps >= 95 % of its offered load within the SLO;
+refusing costs <= 1/3 of serving.
 
     python -m sluice_inference.bench.two_tenant_overload [--duration 10] [--door-ms 20] [--slo-ms 100]
 """
@@ -123,26 +123,32 @@ def run_load(target: str, router_pid: int, label: str, load: dict[str, Any]) -> 
     return Run(label, report, process_cpu_s(router_pid) - before)
 
 
+TABLE_HEAD = (
+    "| run | tenant | offered req/s | within SLO req/s | within SLO % | door refusals % | with hint % "
+    "| other outcomes | p99 OK ms |\n|---|---|---|---|---|---|---|---|---|"
+)
+"""The per-tenant table's header (this bench's and bench/minimal_two_tenant.py's)."""
+
+
+def tenant_row(label: str, figures: dict[str, Any]) -> str:
+    """One run's figures for one tenant (a class of the load report): offered, within the SLO, refused at
+    the door, the share of refusals with a retry hint, other outcomes (late OK answers and other failures)
+    and the OK answers' p99."""
+    offered = max(1, figures["offered"])
+    refused = figures["rejected_by_status"].get(DOOR_REFUSAL, 0)
+    p99 = figures["latency_ms"]["p99"]
+    return (
+        f"| {label} | {figures['name']} | {figures['offered_rps']:.0f} | {figures['goodput_rps']:.0f} | "
+        f"{100 * figures['good'] / offered:.1f} | {100 * refused / offered:.1f} | "
+        f"{100 * figures['rejected_with_hint'] / max(1, figures['rejected']):.0f} | "
+        f"{figures['offered'] - figures['good'] - refused} | {'-' if p99 is None else f'{p99:.1f}'} |"
+    )
+
+
 def table(runs: list[Run]) -> str:
-    """Markdown: per run and tenant, offered / within the SLO / refused at the door / other failures."""
-    lines = [
-        "| run | tenant | offered req/s | within SLO req/s | within SLO % | door refusals % | with hint % "
-        "| other failures | p99 OK ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        for name in ("gold", "bronze"):
-            c = run.tenant(name)
-            offered = max(1, c["offered"])
-            refused = c["rejected_by_status"].get(DOOR_REFUSAL, 0)
-            p99 = c["latency_ms"]["p99"]
-            lines.append(
-                f"| {run.label} | {name} | {c['offered_rps']:.0f} | {c['goodput_rps']:.0f} | "
-                f"{100 * c['good'] / offered:.1f} | {100 * refused / offered:.1f} | "
-                f"{100 * c['rejected_with_hint'] / max(1, c['rejected']):.0f} | {c['rejected'] - refused} | "
-                f"{'-' if p99 is None else f'{p99:.0f}'} |"
-            )
-    return "\n".join(lines)
+    """Markdown: per run and tenant, `tenant_row`."""
+    rows = [tenant_row(run.label, run.tenant(name)) for run in runs for name in ("gold", "bronze")]
+    return "\n".join([TABLE_HEAD, *rows])
 
 
 def costs(served: Run, overload: Run) -> dict[str, float | None]:
