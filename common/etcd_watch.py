@@ -148,6 +148,7 @@ async def watch_prefix_snapshots(
                 logger.info("etcd: watch of %s fell behind compaction (%s); re-reading", prefix, exc)
                 await session.reset()
             except Exception as exc:
+                _raise_if_cancelling()  # the client turned our cancel into an error of its own
                 if isinstance(exc, ETCD_ERRORS):
                     session.failed(exc)
                 else:
@@ -220,11 +221,13 @@ async def follow_prefix(
 
 
 def _raise_if_cancelling() -> None:
-    """Honour a cancel that the watch's cleanup replaced with an error of its own.
+    """Honour a cancel that the etcd client or the watch's cleanup replaced with an error of its own.
 
-    A cancel lands inside the snapshot generator, whose cleanup closes the etcd client; if that close
-    fails, its exception replaces the CancelledError, and treating it as a consumer failure would start a
-    fresh watch: the task outlived its `stop`, which then timed out (a router's stop took over 5 s)."""
+    A cancel lands inside the snapshot generator: in an etcd call, which may raise its own error for the
+    cancelled call instead of CancelledError, or in the cleanup that closes the client, whose failure
+    replaces the CancelledError. Treating either as an etcd outage or a consumer failure would start a
+    fresh watch: the task outlived its `stop`, which then timed out (a router's stop took over 5 s, twice,
+    on fresh-clone CI runs)."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -1,0 +1,50 @@
+"""A watch ends when its task is cancelled, even when the etcd client turns the cancel into its own error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aetcd
+import pytest
+
+from sluice_inference.common import etcd_watch
+from sluice_inference.common.clock import MonotonicClock
+from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix
+
+
+async def test_a_cancel_the_client_reports_as_its_own_error_still_ends_the_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[int] = []
+    reading = asyncio.Event()
+
+    async def read(self: object) -> int:
+        """An etcd read that answers the first cancel with ConnectionFailedError, as aetcd can."""
+        reads.append(1)
+        reading.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if len(reads) == 1:
+                raise aetcd.exceptions.ConnectionFailedError("the call was cancelled") from None
+            raise
+        return 0
+
+    monkeypatch.setattr(etcd_watch._PrefixSession, "read", read)
+    settings = EtcdSettings()
+    follow = follow_prefix(
+        settings, settings.prefix + "routers/", lambda _: None, WatchHealth("routers"), MonotonicClock()
+    )
+    task = asyncio.create_task(follow)
+    try:
+        await asyncio.wait_for(reading.wait(), 5.0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        assert task in done and task.cancelled()  # not a fresh read after a backoff: the stop is honoured
+        assert len(reads) == 1
+    finally:
+        task.cancel()  # a watch that outlived its stop goes now (a second cancel is not swallowed)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
