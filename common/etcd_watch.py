@@ -37,6 +37,7 @@ from sluice_inference.common.etcd import (
     close_client,
     close_within,
     open_client,
+    raise_if_cancelling,
 )
 from sluice_inference.common.logs import LogThrottle
 
@@ -148,7 +149,7 @@ async def watch_prefix_snapshots(
                 logger.info("etcd: watch of %s fell behind compaction (%s); re-reading", prefix, exc)
                 await session.reset()
             except Exception as exc:
-                _raise_if_cancelling()  # the client turned our cancel into an error of its own
+                raise_if_cancelling()  # the client turned our cancel into an error of its own
                 if isinstance(exc, ETCD_ERRORS):
                     session.failed(exc)
                 else:
@@ -213,24 +214,11 @@ async def follow_prefix(
                     health.running = True
                     backoff.reset()
         except Exception as exc:
-            _raise_if_cancelling()
+            raise_if_cancelling()
             health.running = False
             health.restarts += 1
             throttle.warning("watch of %s: its consumer failed (%r); starting over", prefix, exc)
         await clock.sleep(backoff.delay())
-
-
-def _raise_if_cancelling() -> None:
-    """Honour a cancel that the etcd client or the watch's cleanup replaced with an error of its own.
-
-    A cancel lands inside the snapshot generator: in an etcd call, which may raise its own error for the
-    cancelled call instead of CancelledError, or in the cleanup that closes the client, whose failure
-    replaces the CancelledError. Treating either as an etcd outage or a consumer failure would start a
-    fresh watch: the task outlived its `stop`, which then timed out (a router's stop took over 5 s, twice,
-    on fresh-clone CI runs)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 def _within_limit(snapshot: dict[str, bytes], health: WatchHealth, throttle: LogThrottle) -> dict[str, bytes]:

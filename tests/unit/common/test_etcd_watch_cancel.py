@@ -11,6 +11,7 @@ import pytest
 from sluice_inference.common import etcd_watch
 from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.etcd import LeasedKey
 from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix
 
 
@@ -48,3 +49,28 @@ async def test_a_cancel_the_client_reports_as_its_own_error_still_ends_the_watch
         task.cancel()  # a watch that outlived its stop goes now (a second cancel is not swallowed)
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class _CancelledPut:
+    """An etcd client whose put answers its cancel with ConnectionFailedError, as aetcd can."""
+
+    def __init__(self) -> None:
+        self.putting = asyncio.Event()
+
+    async def put(self, key: bytes, value: bytes, lease: int) -> None:
+        self.putting.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise aetcd.exceptions.ConnectionFailedError("the call was cancelled") from None
+
+
+async def test_an_update_cancelled_under_the_client_is_cancelled_not_taken_for_an_outage() -> None:
+    key = LeasedKey(EtcdSettings(), "/sluice/routers/r1", b"{}")
+    client = _CancelledPut()
+    key._client, key._lease_id = client, 7  # registered, as `start` leaves it
+    task = asyncio.create_task(key.update(b'{"demand": 1}'))
+    await asyncio.wait_for(client.putting.wait(), 5.0)
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)
+    assert task.cancelled()  # the publish loop awaiting it ends, instead of going on past its stop
