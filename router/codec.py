@@ -13,8 +13,10 @@ and gets `outputs` (every output the model produced, canonical tensors) and `ser
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy.typing as npt
@@ -22,7 +24,14 @@ import numpy.typing as npt
 from sluice_inference.common.buckets import bucketed, row_cost
 from sluice_inference.common.errors import InvalidArgument
 from sluice_inference.common.records import ModelRecord, TensorSpec
-from sluice_inference.common.tensors import dtype_of, from_raw, from_values, shown_shape
+from sluice_inference.common.tensors import (
+    DATATYPES,
+    MAX_SHAPE_SPAN,
+    dtype_of,
+    from_raw,
+    from_values,
+    shown_shape,
+)
 from sluice_inference.router.calls import InferCall, InputTensor, ServedBy, Tensor
 from sluice_inference.router.policy.cache_keys import ParamValue, TensorLike
 from sluice_inference.router.policy.lanes import LaneKey
@@ -38,7 +47,6 @@ __all__ = [
     "int_parameter",
     "plain_parameters",
     "requested_outputs",
-    "response_bytes",
     "timeout_parameter",
 ]
 
@@ -73,9 +81,9 @@ class DecodedRequest:
     response_bytes: int = 0
     """Upper estimate of the response's size (variable output dims count as 1)."""
 
-    @property
+    @cached_property
     def input_bytes(self) -> int:
-        """Bytes of the canonical input tensors."""
+        """Bytes of the canonical input tensors (the data plane and the driver both ask)."""
         return sum(len(t.data) for t in self.inputs)
 
 
@@ -137,7 +145,7 @@ def _dims(spec: TensorSpec) -> str:
     return ", ".join(map(str, spec.dims))
 
 
-def _check_shape(spec: TensorSpec, shape: list[int], max_batch_size: int) -> int:
+def _check_shape(spec: TensorSpec, shape: Sequence[int], max_batch_size: int) -> int:
     if len(shape) != len(spec.dims) + 1:
         raise InvalidArgument(
             f"input {spec.name!r}: shape {shown_shape(shape)} must be [batch, {_dims(spec)}]",
@@ -188,24 +196,13 @@ def _check_range(spec: TensorSpec, values: npt.NDArray[Any]) -> None:
         )
 
 
-def response_bytes(record: ModelRecord, rows: int, outputs: tuple[str, ...]) -> int:
-    """Upper estimate of a response's size: rows x each requested output's bytes per row (variable dims
-    count as 1), plus framing."""
-    total = 0
-    for spec in record.outputs:
-        if outputs and spec.name not in outputs:
-            continue
-        per_row = dtype_of(spec.datatype, tensor=spec.name).itemsize
-        for dim in spec.dims:
-            per_row *= max(1, dim)
-        total += rows * per_row + TENSOR_OVERHEAD_BYTES
-    return total
-
-
-def _check_outputs(outputs: tuple[str, ...], record: ModelRecord) -> tuple[str, ...]:
+def _check_outputs(
+    outputs: tuple[str, ...], record: ModelRecord, output_names: frozenset[str]
+) -> tuple[str, ...]:
     """Requested output names: known, and each named once (listing one 200,000 times once made the
     router copy it as often)."""
-    output_names = {spec.name for spec in record.outputs}
+    if not outputs:
+        return outputs
     unknown = [name for name in outputs if name not in output_names]
     if unknown:
         raise InvalidArgument(
@@ -217,45 +214,127 @@ def _check_outputs(outputs: tuple[str, ...], record: ModelRecord) -> tuple[str, 
     return outputs
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What decoding needs of one model record, worked out once per record rather than per request (issue
+    17: a validator compiled per model version). Fixed-shape inputs sent raw — the common case — then cost
+    a name check, a shape check and a length check each; anything else takes the general path."""
+
+    specs: dict[str, TensorSpec]
+    names: list[str]
+    """The input names, sorted: what a request's names must equal."""
+    output_names: frozenset[str]
+    output_row_bytes: tuple[tuple[str, int], ...]
+    """Each output's bytes per row (variable dims count as 1), in the record's order."""
+    raw_row_bytes: dict[str, int]
+    """Bytes per row of each input whose length can be checked as rows times this: fixed dims, no value
+    range to check, and no batch the record admits spanning more than `MAX_SHAPE_SPAN` elements."""
+    fixed_lane: LaneKey | None
+    """The lane of every request when no input has a variable dim (padding changes nothing then)."""
+    fixed_row_cost: int
+
+
+_LAYOUTS: dict[int, tuple[ModelRecord, _Layout]] = {}
+"""Layouts by record identity (a record is immutable; hashing one would cost more than decoding). The
+entry keeps its record alive, so an id is not reused while its layout is here."""
+_MAX_LAYOUTS = 256
+"""Bound on remembered layouts: the catalog replaces records when workers re-register."""
+
+
+def _layout(record: ModelRecord) -> _Layout:
+    entry = _LAYOUTS.get(id(record))
+    if entry is not None and entry[0] is record:
+        return entry[1]
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    specs = {spec.name: spec for spec in record.inputs}
+    output_row_bytes = []
+    for spec in record.outputs:
+        per_row = dtype_of(spec.datatype, tensor=spec.name).itemsize
+        for dim in spec.dims:
+            per_row *= max(1, dim)
+        output_row_bytes.append((spec.name, per_row))
+    raw_row_bytes = {}
+    for spec in record.inputs:
+        if spec.range is not None or spec.datatype not in DATATYPES or any(d < 0 for d in spec.dims):
+            continue
+        span = record.max_batch_size * math.prod(max(d, 1) for d in spec.dims)
+        if span <= MAX_SHAPE_SPAN:
+            raw_row_bytes[spec.name] = dtype_of(spec.datatype, tensor=spec.name).itemsize * math.prod(
+                spec.dims
+            )
+    fixed = all(d >= 0 for spec in record.inputs for d in spec.dims)
+    dims = tuple(sorted((spec.name, spec.dims) for spec in record.inputs))
+    layout = _Layout(
+        specs=specs,
+        names=sorted(specs),
+        output_names=frozenset(spec.name for spec in record.outputs),
+        output_row_bytes=tuple(output_row_bytes),
+        raw_row_bytes=raw_row_bytes,
+        fixed_lane=LaneKey(record.name, record.version, dims) if fixed else None,
+        fixed_row_cost=row_cost((specs[name].dims, shape) for name, shape in dims) if fixed else 0,
+    )
+    _LAYOUTS[id(record)] = (record, layout)
+    return layout
+
+
 def decode_call(
     call: InferCall, record: ModelRecord, limits: DecodeLimits = DecodeLimits()
 ) -> DecodedRequest:
     """Validate a call against the model and the edge limits, and convert it; InvalidArgument on any
     mismatch, before the request costs a queue slot or device time."""
-    specs = {spec.name: spec for spec in record.inputs}
+    layout = _layout(record)
+    specs = layout.specs
     given = [t.name for t in call.inputs]
-    if sorted(given) != sorted(specs) or len(set(given)) != len(given):
+    if sorted(given) != layout.names or len(set(given)) != len(given):
         shown = [name[:64] for name in given[:8]] + (["..."] if len(given) > 8 else [])
         raise InvalidArgument(
-            f"model {record.name!r} takes inputs {sorted(specs)}, request has {shown}", reason="bad_inputs"
+            f"model {record.name!r} takes inputs {layout.names}, request has {shown}", reason="bad_inputs"
         )
-    outputs = _check_outputs(call.outputs, record)
-    timeout_s = timeout_parameter(call.parameters)
+    outputs = _check_outputs(call.outputs, record, layout.output_names)
+    timeout_s = timeout_parameter(call.parameters) if call.parameters else None
     if call.defect is not None:
         raise call.defect
     rows_seen: set[int] = set()
     decoded = []
     for tensor in call.inputs:
         spec = specs[tensor.name]
-        rows_seen.add(_check_shape(spec, list(tensor.shape), record.max_batch_size))
-        decoded.append(_decode_input(spec, tensor))
+        rows = _check_shape(spec, tensor.shape, record.max_batch_size)
+        rows_seen.add(rows)
+        row_bytes = layout.raw_row_bytes.get(tensor.name)
+        data = tensor.data
+        if row_bytes is not None and data is not None and tensor.datatype == spec.datatype:
+            if len(data) != rows * row_bytes:
+                from_raw(spec.name, spec.datatype, tensor.shape, data)  # raises its bad_size error
+            decoded.append(Tensor(spec.name, spec.datatype, tensor.shape, data))
+        else:
+            decoded.append(_decode_input(spec, tensor))
     if len(rows_seen) != 1:
         raise InvalidArgument(
             f"inputs disagree on the batch dimension: {sorted(rows_seen)}", reason="bad_shape"
         )
     rows = rows_seen.pop()
-    expected = response_bytes(record, rows, outputs)
+    expected = sum(
+        rows * per_row + TENSOR_OVERHEAD_BYTES
+        for name, per_row in layout.output_row_bytes
+        if not outputs or name in outputs
+    )
     if expected > limits.max_response_bytes:
         raise InvalidArgument(
             f"the response would be ~{expected} bytes, over the {limits.max_response_bytes}-byte message "
             "limit (send fewer rows or request fewer outputs)",
             reason="response_too_large",
         )
-    decoded.sort(key=lambda t: t.name)
-    padded = {
-        t.name: bucketed(specs[t.name].dims, t.shape[1:], record.buckets.get(t.name, ())) for t in decoded
-    }
-    lane = LaneKey(record.name, record.version, tuple(sorted(padded.items())))
+    if len(decoded) > 1:
+        decoded.sort(key=lambda t: t.name)
+    if layout.fixed_lane is not None:
+        lane, cost = layout.fixed_lane, rows * layout.fixed_row_cost
+    else:
+        padded = {
+            t.name: bucketed(specs[t.name].dims, t.shape[1:], record.buckets.get(t.name, ())) for t in decoded
+        }
+        lane = LaneKey(record.name, record.version, tuple(sorted(padded.items())))
+        cost = rows * row_cost((specs[name].dims, dims) for name, dims in padded.items())
     return DecodedRequest(
         record=record,
         client_id=call.id,
@@ -263,7 +342,7 @@ def decode_call(
         outputs=outputs,
         rows=rows,
         lane=lane,
-        cost=rows * row_cost((specs[name].dims, dims) for name, dims in padded.items()),
+        cost=cost,
         timeout_s=timeout_s,
         response_bytes=expected,
     )

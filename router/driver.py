@@ -146,6 +146,8 @@ class Driver:
         self._links = links
         self._metrics = metrics
         self._tracer = tracer or NoOpTracer()
+        self._tracing = tracer is not None
+        """Whether requests carry spans to link batches to (no OpenTelemetry call per request if not)."""
         self._batch_spans: dict[int, tuple[str, Span]] = {}
         self._bound: dict[str, _BoundMetrics] = {}
         self._alarm = Alarm(clock)
@@ -212,13 +214,13 @@ class Driver:
         budget the client gave from it, so the router's own delays never make a refusal terminal."""
         now = self.clock.now()
         future: asyncio.Future[ItemReply] = asyncio.get_running_loop().create_future()
-        span = get_current_span().get_span_context()
+        span = get_current_span().get_span_context() if self._tracing else None
         request = self.core.new_request(
             min(arrival, now),
             lane=decoded.lane,
             rows=decoded.rows,
             deadline=deadline,
-            payload=Waiter(decoded, future, span if span.is_valid else None),
+            payload=Waiter(decoded, future, span if span is not None and span.is_valid else None),
             tenant=tenant.name,
             priority=priority,
             limits=LaneLimits.of(decoded.record),

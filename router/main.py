@@ -103,7 +103,11 @@ class RouterServer:
             max_batch_bytes=config.cluster.max_message_bytes - BATCH_OVERHEAD_BYTES,
         )
         self.driver = Driver(
-            self.clock, core, self.links, self.metrics, tracer=tracer(self.tracer_provider, "sluice.router")
+            self.clock,
+            core,
+            self.links,
+            self.metrics,
+            tracer=None if self.tracer_provider is None else tracer(self.tracer_provider, "sluice.router"),
         )
         self.peers = PeerView(
             config.etcd,

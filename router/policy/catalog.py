@@ -29,6 +29,8 @@ class ModelCatalog:
 
     def __init__(self) -> None:
         self._models: dict[str, dict[str, ModelRecord]] = {}
+        self._sorted: dict[str, list[str]] = {}
+        """Each model's versions, oldest first: sorted once per update, not per request."""
         self._ready: set[tuple[str, str]] = set()
         self._conflicts: list[str] = []
 
@@ -46,6 +48,7 @@ class ModelCatalog:
                 if worker.state == "ready":
                     ready.add((record.name, record.version))
         self._models, self._ready, self._conflicts = models, ready, conflicts
+        self._sorted = {name: sorted(versions, key=_version_order) for name, versions in models.items()}
 
     def names(self) -> list[str]:
         """Every model some worker registered."""
@@ -53,7 +56,7 @@ class ModelCatalog:
 
     def versions(self, name: str) -> list[str]:
         """Registered versions of a model, oldest first."""
-        return sorted(self._models.get(name, {}), key=_version_order)
+        return list(self._sorted.get(name, ()))
 
     def resolve(self, name: str, version: str = "") -> ModelRecord:
         """The record serving `name` at `version` ("" → latest ready); NotFound otherwise."""

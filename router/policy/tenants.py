@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from sluice_inference.common.config import ANONYMOUS_TENANT, TenantSettings
@@ -27,16 +27,30 @@ def hash_api_key(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+MAX_REMEMBERED_MODELS = 1024
+"""Model names a tenant's verdicts are remembered for; past it they start over (a hostile stream of names
+costs glob matching, never memory)."""
+
+
 @dataclass(frozen=True)
 class Tenant:
     """A tenant's resolved settings."""
 
     name: str
     settings: TenantSettings
+    _verdicts: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """`allows` by model name: the globs are matched once per name, not per request (a tenant is rebuilt
+    whenever its settings change, so a verdict never outlives them)."""
 
     def allows(self, model: str) -> bool:
         """Whether the tenant may call `model`."""
-        return any(fnmatchcase(model, pattern) for pattern in self.settings.models)
+        verdict = self._verdicts.get(model)
+        if verdict is None:
+            verdict = any(fnmatchcase(model, pattern) for pattern in self.settings.models)
+            if len(self._verdicts) >= MAX_REMEMBERED_MODELS:
+                self._verdicts.clear()
+            self._verdicts[model] = verdict
+        return verdict
 
     def priority(self, requested: int, levels: int) -> int:
         """The effective priority: 0 → default; better than the entitlement → capped. Anything outside

@@ -206,3 +206,28 @@ def test_a_hostile_shape_gets_a_short_message() -> None:
     with pytest.raises(SluiceError) as caught:
         decode_infer_request(request, RECORD)
     assert caught.value.code == Code.INVALID_ARGUMENT and len(caught.value.message) < 300
+
+
+def test_a_replaced_record_is_decoded_by_its_own_specs_not_the_layout_of_the_one_before() -> None:
+    """Layouts are worked out once per record: a worker re-registering the same name and version with
+    other specs (a redeploy) must be validated against the new record at once."""
+    assert decode_infer_request(raw_request(np.zeros((1, 4), "<f4")), RECORD).rows == 1
+    wider = RECORD.model_copy(update={"inputs": (TensorSpec(name="input", datatype="FP32", dims=(6,)),)})
+    assert decode_infer_request(raw_request(np.zeros((2, 6), "<f4")), wider).rows == 2
+    with pytest.raises(SluiceError, match="does not match"):
+        decode_infer_request(raw_request(np.zeros((1, 4), "<f4")), wider)
+    short = raw_request(np.zeros((1, 6), "<f4"))
+    short.raw_input_contents[0] = b"\x00" * 20
+    with pytest.raises(SluiceError, match="needs 24 bytes, got 20"):
+        decode_infer_request(short, wider)
+
+
+def test_raw_and_typed_inputs_of_a_fixed_shape_model_land_in_one_lane_at_one_cost() -> None:
+    values = np.arange(12, dtype="<f4").reshape(3, 4)
+    typed = kserve.ModelInferRequest(model_name="mlp")
+    typed.inputs.add(name="input", datatype="FP32", shape=[3, 4]).contents.fp32_contents.extend(
+        values.ravel().tolist()
+    )
+    raw, from_typed = decode_infer_request(raw_request(values), RECORD), decode_infer_request(typed, RECORD)
+    assert raw.lane == from_typed.lane and raw.lane.shape == (("input", (4,)),)
+    assert (raw.cost, raw.response_bytes, raw.input_bytes) == (3, from_typed.response_bytes, 48)

@@ -6,7 +6,12 @@ import pytest
 
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, SluiceError
-from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
+from sluice_inference.router.policy.tenants import (
+    MAX_REMEMBERED_MODELS,
+    Tenant,
+    TenantDirectory,
+    hash_api_key,
+)
 
 GOLD = TenantSettings(
     api_keys=[hash_api_key("gold-key")], models=["mlp", "enc*"], default_priority=2, max_priority=1
@@ -69,3 +74,12 @@ def test_a_tenant_is_granted_better_than_its_default_priority_only_explicitly() 
     assert low.priority(1, 10) == 5 and low.priority(7, 10) == 7
     granted = Tenant("gold", TenantSettings(default_priority=2, max_priority=1))
     assert granted.priority(1, 10) == 1 and granted.priority(0, 10) == 2
+
+
+def test_model_verdicts_are_remembered_within_a_bound_and_follow_the_tenant_settings() -> None:
+    gold = Tenant("gold", GOLD)
+    names = [f"enc{i}" for i in range(MAX_REMEMBERED_MODELS + 10)]
+    assert all(gold.allows(name) for name in names)  # past the bound it starts over, still right
+    assert not gold.allows("synthetic") and not gold.allows("synthetic")
+    narrowed = Tenant("gold", GOLD.model_copy(update={"models": ["mlp"]}))  # a reload builds a new tenant
+    assert narrowed.allows("mlp") and not narrowed.allows("enc0")
