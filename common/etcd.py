@@ -314,6 +314,7 @@ class LeasedKey:
                 if lease_id is not None:
                     await asyncio.wait_for(self._revoke_lease(lease_id), REVOKE_TIMEOUT_S)
             except ETCD_ERRORS as exc:
+                raise_if_cancelling()
                 logger.warning(
                     "etcd: could not revoke the lease of %s (%r); it expires within %d s",
                     self._key,
@@ -385,6 +386,7 @@ class LeasedKey:
             try:
                 await self._refresh()
             except ETCD_ERRORS as exc:
+                raise_if_cancelling()
                 if self._connected:
                     logger.warning("etcd: cannot keep %s alive (%r); retrying", self._key, exc)
                 self._connected = False
@@ -392,6 +394,7 @@ class LeasedKey:
                 return False
             except Exception:
                 # A bug here must not end the registration: log it loudly and treat it as an outage.
+                raise_if_cancelling()
                 logger.exception("etcd: unexpected error keeping %s alive; retrying", self._key)
                 self._connected = False
                 await self._drop_client()

@@ -74,3 +74,34 @@ async def test_an_update_cancelled_under_the_client_is_cancelled_not_taken_for_a
     task.cancel()
     await asyncio.wait({task}, timeout=2.0)
     assert task.cancelled()  # the publish loop awaiting it ends, instead of going on past its stop
+
+
+class _CancelledRefresh:
+    """An etcd client whose lease refresh answers its cancel with ConnectionFailedError, as aetcd can."""
+
+    def __init__(self) -> None:
+        self.refreshing = asyncio.Event()
+        self.closed = False
+
+    async def refresh_lease(self, lease_id: int) -> None:
+        self.refreshing.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise aetcd.exceptions.ConnectionFailedError("the call was cancelled") from None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_keepalive_round_cancelled_under_the_client_is_cancelled_not_taken_for_an_outage() -> None:
+    """`revoke` cancels the keepalive task and waits for it: a round that took the cancel for an outage
+    would go back to sleep and the revoke (and the stop awaiting it) would never return."""
+    key = LeasedKey(EtcdSettings(), "/sluice/workers/w1", b"{}")
+    client = _CancelledRefresh()
+    key._client, key._lease_id, key._connected = client, 7, True
+    task = asyncio.create_task(key._beat())
+    await asyncio.wait_for(client.refreshing.wait(), 5.0)
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)
+    assert task.cancelled()
