@@ -441,7 +441,8 @@ class Driver:
             metrics.redispatched.inc(again)
         metrics.batch_size.observe(dispatch.rows)
         metrics.batch_fill.observe(dispatch.rows / decoded[0].record.max_batch_size)
-        self._trace_batch(dispatch, batch)
+        if self._tracing:
+            self._trace_batch(dispatch, batch)
         return batch
 
     def _disconnect(self, worker_id: str) -> None:
