@@ -85,7 +85,7 @@ class Fleet:
         """A batch was sent to the worker."""
         self.pool.reserve(worker, dispatch.batch_id, dispatch.rows, now, dispatch.expected_s)
         self.health.breaker.dispatched(worker.worker_id, now)
-        self.allow(worker.worker_id, now)
+        self._allow(worker, now)
         self.health.watch(worker)
 
     def release(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
@@ -106,8 +106,10 @@ class Fleet:
             learned = self._learn(slot, dispatch, answer, now)
             if answer.queued_batches is not None:
                 self._others(slot, answer.queued_batches, now)
-        if any(item.code and item.worker_fault for item in answer.items.values()):
-            self.health.failed(worker_id, now)
+        for item in answer.items.values():  # a loop, not `any` over a generator: this runs per request
+            if item.code and item.worker_fault:
+                self.health.failed(worker_id, now)
+                break
         else:
             self.health.breaker.success(worker_id)
         self.allow(worker_id, now)
@@ -138,5 +140,8 @@ class Fleet:
         """Bring the worker's slot in line with its breaker now."""
         slot = self.pool.get(worker_id)
         if slot is not None:
-            slot.allowed = self.health.breaker.allows(worker_id, now)
-            self.pool.refresh(slot)
+            self._allow(slot, now)
+
+    def _allow(self, slot: WorkerSlot, now: float) -> None:
+        slot.allowed = self.health.breaker.allows(slot.worker_id, now)
+        self.pool.refresh(slot)
