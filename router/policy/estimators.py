@@ -190,8 +190,12 @@ class ServiceEstimates:
     ) -> None:
         """A worker reported a batch (of the lane with this shape signature)."""
         self._changed()
-        self._best.setdefault((model, version), BestCase()).observe(rows, seconds)
-        self._fit(self._models, (model, version), model, version).observe(rows, seconds)
+        key = (model, version)
+        best = self._best.get(key)
+        if best is None:  # not `setdefault`, which would build a floor on every batch
+            best = self._best[key] = BestCase()
+        best.observe(rows, seconds)
+        self._fit(self._models, key, model, version).observe(rows, seconds)
         if shape:
             self._fit(self._shapes, (model, version, shape), model, version).observe(rows, seconds)
         if worker:

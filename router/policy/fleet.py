@@ -83,9 +83,11 @@ class Fleet:
 
     def reserve(self, worker: WorkerSlot, dispatch: Dispatch, now: float) -> None:
         """A batch was sent to the worker."""
+        breaker = self.health.breaker
+        breaker.dispatched(worker.worker_id, now)
+        # Brought in line with its breaker before the reservation, whose refresh then serves both.
+        worker.allowed = breaker.allows(worker.worker_id, now)
         self.pool.reserve(worker, dispatch.batch_id, dispatch.rows, now, dispatch.expected_s)
-        self.health.breaker.dispatched(worker.worker_id, now)
-        self._allow(worker, now)
         self.health.watch(worker)
 
     def release(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
@@ -140,8 +142,5 @@ class Fleet:
         """Bring the worker's slot in line with its breaker now."""
         slot = self.pool.get(worker_id)
         if slot is not None:
-            self._allow(slot, now)
-
-    def _allow(self, slot: WorkerSlot, now: float) -> None:
-        slot.allowed = self.health.breaker.allows(slot.worker_id, now)
-        self.pool.refresh(slot)
+            slot.allowed = self.health.breaker.allows(worker_id, now)
+            self.pool.refresh(slot)

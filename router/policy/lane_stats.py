@@ -67,11 +67,12 @@ class LaneStats:
             del ordered[bisect.bisect_left(ordered, fractions.popleft())]
         fractions.append(budget_fraction)
         bisect.insort(ordered, budget_fraction)
-        p99 = ordered[_P99_AT[len(ordered)]]
+        count = len(ordered)  # as many as `fractions`
+        p99 = ordered[_P99_AT[count]]
         if self.healthy:
             if p99 > UNHEALTHY_ABOVE:
                 self.healthy = False
-        elif p99 < HEALTHY_BELOW and len(fractions) >= 20:
+        elif p99 < HEALTHY_BELOW and count >= 20:
             self.healthy = True
 
     def p99(self) -> float:
