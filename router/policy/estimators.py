@@ -167,7 +167,8 @@ class ServiceEstimates:
         """`batch_seconds` as of the last change to any fit: the core asks the same few questions (one row,
         the full batch) for every request, and fits change once per answered batch."""
         self._admission: dict[tuple[LaneKey, int, int], tuple[float, float, float]] = {}
-        """`admission_seconds` as of the last change to any fit or floor (cleared with `_answers`)."""
+        """`admission_seconds` as of the last change to any fit or floor (cleared with `_answers`, and
+        bounded like it)."""
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds);
