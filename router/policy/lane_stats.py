@@ -63,11 +63,13 @@ class LaneStats:
     def finished(self, budget_fraction: float) -> None:
         """A request of this lane completed using `budget_fraction` of its deadline budget."""
         fractions, ordered = self.fractions, self.ordered
-        if len(fractions) >= WINDOW:
+        count = len(fractions)  # after this one: one more, up to WINDOW
+        if count >= WINDOW:
             del ordered[bisect.bisect_left(ordered, fractions.popleft())]
+        else:
+            count += 1
         fractions.append(budget_fraction)
         bisect.insort(ordered, budget_fraction)
-        count = len(ordered)  # as many as `fractions`
         p99 = ordered[_P99_AT[count]]
         if self.healthy:
             if p99 > UNHEALTHY_ABOVE:

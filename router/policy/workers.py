@@ -66,7 +66,7 @@ class WorkerSlot:
     @property
     def accepting(self) -> bool:
         """Whether it takes new batches at all (registered ready, connected, not draining)."""
-        return self.registered_ready and self.connected and self.reported_ready
+        return self.state()[0]
 
     @property
     def has_free_slot(self) -> bool:
@@ -74,7 +74,8 @@ class WorkerSlot:
         return self.state()[1]
 
     def state(self) -> tuple[bool, bool]:
-        """(`accepting`, `has_free_slot`) in one call: the pool asks both on every slot change."""
+        """(`accepting`, `has_free_slot`), the rules of both, in one call: the pool asks both on every
+        slot change."""
         accepting = self.registered_ready and self.connected and self.reported_ready
         in_flight = self.in_flight_batches
         return accepting, (
