@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sluice_inference.common.config import AdmissionSettings, TenantSettings
-from sluice_inference.router.policy.backlog import Backlog
+from sluice_inference.router.policy.backlog import Backlog, drain_time
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand, DemandMeter, changed, publish_interval_s
-from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
 from sluice_inference.router.policy.queues import QueueBounds
 from sluice_inference.router.policy.ratelimit import Quota, RateLimiter
@@ -101,21 +100,21 @@ class AdmissionController:
         tenants = [name for name in self.limiter.quotas if name != AUDIT_TENANT]
         self.limiter.set_shares(self.book.shares(tenants), now)
 
-    def execution_seconds(self, request: QueuedRequest, estimates: ServiceEstimates) -> float:
-        """Estimated execution time of the request's batch, with the safety margin."""
-        key = request.lane
-        seconds = estimates.batch_seconds(key.model, key.version, request.rows, shape=key.shape)
-        return self.budget.execution(seconds)
-
     @staticmethod
-    def queue_wait_seconds(request: QueuedRequest, backlog: Backlog, full_s: float) -> float:
+    def queue_wait_seconds(request: QueuedRequest, backlog: Backlog, full_s: float, full_rows: int) -> float:
         """Estimated wait before the request's batch can start, at its priority, under current load
         (other routers' batches on the workers included: they make the workers full, and then one full
-        batch, `full_s`, runs before it)."""
+        batch, `full_s` for `full_rows` rows, runs before it)."""
         ahead, busy = backlog.rows_ahead, backlog.workers_full
         if not ahead and not busy:
             return 0.0
-        wait = backlog.drain_seconds(request.lane, ahead) if ahead else 0.0
+        wait = 0.0
+        if ahead:
+            batch = backlog.batch
+            if batch == full_rows:  # the lane's batch is the request's full one: its time is known
+                wait = drain_time(full_s, ahead, batch, backlog.workers)
+            else:
+                wait = backlog.drain_seconds(request.lane, ahead)
         if busy:
             wait += full_s
         return wait
@@ -127,20 +126,30 @@ class AdmissionController:
         if not self.settings.enabled:
             request.priority, request.tenant = 1, ""  # the baseline: one plain FIFO, no classes
             return
-        key, estimates = request.lane, backlog.estimates
-        execution = self.execution_seconds(request, estimates)
-        if request.tenant != AUDIT_TENANT:
-            self.demand.note(request.tenant, now)
-        self.limiter.acquire(request.tenant, now, busy_retry_s=execution)
-        # The full batch's time, asked once: the queue wait and the latest start both budget for it.
-        full = estimates.batch_seconds(key.model, key.version, limits.max_batch_size, shape=key.shape)
+        # Its batch's time, the full batch's (the queue wait and the latest start both budget for it) and
+        # the best case, asked at once.
+        seconds, full, best = backlog.estimates.admission_seconds(
+            request.lane, request.rows, limits.max_batch_size
+        )
+        budget, tenant = self.budget, request.tenant
+        execution = budget.execution(seconds)
+        if tenant != AUDIT_TENANT:
+            self.demand.note(tenant, now)
+        self.limiter.acquire(tenant, now, busy_retry_s=execution)
         try:
-            self._check_deadline(request, execution, now, backlog, full)
+            wait = self.queue_wait_seconds(request, backlog, full, limits.max_batch_size)
+            refusal = budget.admission_refusal(
+                deadline=request.deadline, arrival=request.arrival, now=now, best=best, execution=execution,
+                wait=wait, rows=request.rows,
+            )  # fmt: skip
         except BaseException:
-            self.limiter.release(request.tenant)
+            self.limiter.release(tenant)
             raise
+        if refusal is not None:
+            self.limiter.release(tenant)
+            raise refusal
         request.admitted = True
-        request.latest_start = self.budget.latest_start(
+        request.latest_start = budget.latest_start(
             deadline=request.deadline, arrival=request.arrival, now=now, full_s=full, execution=execution
         )
 
@@ -152,23 +161,6 @@ class AdmissionController:
             return
         self.demand.note(tenant, now)
         self.limiter.take(tenant, now)
-
-    def _check_deadline(
-        self, request: QueuedRequest, execution: float, now: float, backlog: Backlog, full: float
-    ) -> None:
-        """Raise the deadline budget's refusal, if it refuses the request now."""
-        key = request.lane
-        refusal = self.budget.admission_refusal(
-            deadline=request.deadline,
-            arrival=request.arrival,
-            now=now,
-            best=backlog.estimates.best_case_seconds(key.model, key.version, request.rows),
-            execution=execution,
-            wait=self.queue_wait_seconds(request, backlog, full),
-            rows=request.rows,
-        )
-        if refusal is not None:
-            raise refusal
 
     def release(self, request: QueuedRequest) -> None:
         """The request has ended (any outcome): free its in-flight slot, once."""

@@ -38,5 +38,11 @@ class Backlog(NamedTuple):
 
 def drain_seconds(estimates: ServiceEstimates, key: LaneKey, rows: int, batch: int, workers: int) -> float:
     """Estimated time for `workers` serving `key` to work through `rows` in batches of `batch` rows."""
-    per_batch = estimates.batch_seconds(key.model, key.version, batch, shape=key.shape)
-    return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch / workers)
+    return drain_time(
+        estimates.batch_seconds(key.model, key.version, batch, shape=key.shape), rows, batch, workers
+    )
+
+
+def drain_time(per_batch_s: float, rows: int, batch: int, workers: int) -> float:
+    """`drain_seconds` once a batch's time, `per_batch_s`, is known (admission knows it already)."""
+    return max(MIN_RETRY_S, math.ceil(rows / batch) * per_batch_s / workers)

@@ -176,12 +176,14 @@ class RouterCore:
         elif not serving:
             self.endings.end(decision, request, no_worker(key))
         else:
+            # Asked once: nothing below changes a worker's slot before the drain.
+            full = not self.workers.free_count(version)
             try:
-                backlog = self._backlog(key, version, serving, request.priority)
-                self.admission.admit(request, limits, now, backlog)
+                self.admission.admit(
+                    request, limits, now, self._backlog(key, serving, full, request.priority)
+                )
                 self._make_room(key)
-                self.queues.set_limits(key, limits)
-                self.endings.queue(decision, request)
+                self.endings.queue(decision, request, limits)
             except SluiceError as refused:
                 self.endings.end(decision, request, refused)
             else:  # only its own lane can have changed: no need for a whole tick
@@ -189,21 +191,19 @@ class RouterCore:
                 waits_until = self.planner.still_waiting(lane, request, now, self.workers.epoch)
                 if waits_until is not None:
                     decision.wake(waits_until)
-                else:
+                elif not full:  # every serving worker full: the drain would stop at once (dispatching.py)
                     self.dispatcher.drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
         return decision
 
-    def _backlog(self, key: LaneKey, version: tuple[str, str], serving: int, priority: int) -> Backlog:
+    def _backlog(self, key: LaneKey, serving: int, full: bool, priority: int) -> Backlog:
         """What the lane holds ahead of a newcomer of `priority`, for admission (`serving`: the accepting
-        workers serving `version`, the lane's)."""
+        workers serving the lane's version, at least one; `full`: none of them has a free place)."""
         lane = self.queues.lanes.get(key)
+        if lane is None:
+            return Backlog(self.estimates, 0, full, 1, serving)
         return Backlog(
-            self.estimates,
-            0 if lane is None else lane.rows_ahead_of(priority),
-            serving > 0 and not self.workers.free_count(version),
-            1 if lane is None else lane.limits.max_batch_size,
-            serving or 1,
+            self.estimates, lane.rows_ahead_of(priority), full, lane.limits.max_batch_size, serving
         )
 
     def _make_room(self, key: LaneKey) -> None:
@@ -306,12 +306,9 @@ class RouterCore:
         learned = self.fleet.answered(worker_id, slot, dispatch, answer, now)
         if learned is not None:
             decision.learned.append(learned)
-        stats, items = self.queues.stats_of(dispatch.lane), answer.items
-        for request in dispatch.requests:
-            if not request.ended:
-                self.endings.answered(
-                    decision, dispatch, request, items.get(request.request_id), now, stats=stats
-                )
+        self.endings.answered(
+            decision, dispatch, answer.items, now, stats=self.queues.stats_of(dispatch.lane)
+        )
         return self._then_tick(decision, now)
 
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
@@ -375,7 +372,11 @@ class RouterCore:
     def tick(self, now: float) -> Decision:
         """Shed late queued requests, end overdue dispatched ones, find hung workers, reopen breakers, cut
         every batch that should leave now; say when to tick again."""
-        decision = Decision()
+        return self._then_tick(Decision(), now)
+
+    def _then_tick(self, decision: Decision, now: float) -> Decision:
+        """`decision` followed by a tick (an event can free a place or end a batch's wait), which adds to
+        it: what the tick decides comes after what the event did, and the earlier wake stands."""
         for request in self.queues.pop_late(now):
             self.endings.end(decision, request, self.endings.late(request, now))
         for dispatch, overdue in self.ledger.overdue(now):
@@ -395,17 +396,6 @@ class RouterCore:
             self.dispatcher.drain(decision, lane, now)
         self.queues.prune()
         decision.wake(self.queues.next_late())
-        return decision
-
-    def _then_tick(self, decision: Decision, now: float) -> Decision:
-        """`decision` followed by a tick (an event can free a place or end a batch's wait)."""
-        ticked = self.tick(now)
-        decision.dispatches.extend(ticked.dispatches)
-        decision.settled.extend(ticked.settled)
-        for worker_id, items in ticked.drops.items():
-            decision.drops.setdefault(worker_id, []).extend(items)
-        decision.lost.extend(ticked.lost)
-        decision.wake(ticked.wake_at)
         return decision
 
     # -- questions (the shell reads them through `view`) -------------------------------------------------

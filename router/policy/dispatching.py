@@ -52,41 +52,40 @@ class Dispatcher:
 
     def drain(self, decision: Decision, lane: Lane, now: float) -> None:
         """Send the lane's batches until the planner says wait, every worker is blocked, or it is empty."""
-        try:
-            self._drain(decision, lane, now)
-        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
-            self._fail_lane(decision, lane, exc)
-
-    def _drain(self, decision: Decision, lane: Lane, now: float) -> None:
         key = lane.key
         version = (key.model, key.version)
         workers = self._fleet.pool
         if workers.serving_count(version) and not workers.free_count(version):
             return  # every worker is full or breaker-blocked (what the chooser would find, at once)
-        stats = self._queues.stats_of(key)
-        while len(lane):
-            rate = self._queues.total_arrival_rate(now) if self._planner.host.constrained else 0.0
-            step = self._planner.step(
-                lane, now, workers=workers, estimates=self._estimates, stats=stats,
-                routers=self._limiter.routers, arrival_rate=rate,
-            )  # fmt: skip
-            if isinstance(step, Send):
-                self._send(decision, step.worker, lane, step.reason, now)
-                continue
-            if isinstance(step, Wait):
-                decision.wake(step.when)
-            elif step == NO_WORKER:
-                for request in list(lane):
-                    lane.remove(request.request_id)
-                    self._endings.end(decision, request, no_worker(key))
-            else:
-                assert step == BLOCKED
-            return
+        try:
+            stats = self._queues.stats_of(key)
+            while len(lane):
+                rate = self._queues.total_arrival_rate(now) if self._planner.host.constrained else 0.0
+                step = self._planner.step(
+                    lane, now, workers=workers, estimates=self._estimates, stats=stats,
+                    routers=self._limiter.routers, arrival_rate=rate,
+                )  # fmt: skip
+                if isinstance(step, Send):
+                    self._send(decision, step.worker, lane, step.reason, now)
+                    continue
+                if isinstance(step, Wait):
+                    decision.wake(step.when)
+                elif step == NO_WORKER:
+                    for request in list(lane):
+                        lane.remove(request.request_id)
+                        self._endings.end(decision, request, no_worker(key))
+                else:
+                    assert step == BLOCKED
+                return
+        except Exception as exc:  # a bug in one lane's decision fails that lane, not the router
+            self._fail_lane(decision, lane, exc)
 
     def _send(self, decision: Decision, worker: WorkerSlot, lane: Lane, reason: str, now: float) -> None:
         key = lane.key
         requests = tuple(lane.pop_batch(now))
-        rows = sum(r.rows for r in requests)
+        rows = 0
+        for request in requests:  # a loop, not a generator: one call per batch, not one per request
+            rows += request.rows
         expected = self._estimates.batch_seconds(key.model, key.version, rows, worker.worker_id, key.shape)
         dispatch = Dispatch(
             next(self._batch_ids), worker.worker_id, key, requests, reason, expected, now, rows

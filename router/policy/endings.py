@@ -16,6 +16,8 @@ It holds the mechanisms it needs (admission, queues, workers, estimates), never 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sluice_inference.common.errors import (
     Internal,
     SluiceError,
@@ -27,8 +29,8 @@ from sluice_inference.router.policy.backlog import MIN_RETRY_S, drain_seconds
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lane_stats import LaneStats
-from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
-from sluice_inference.router.policy.outcomes import Decision, Dispatch, ItemAnswer, Served
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.outcomes import Decision, Dispatch, ItemAnswer, Served, Settled
 from sluice_inference.router.policy.queues import QueueFull, Queues
 from sluice_inference.router.policy.workers import WorkerPool
 
@@ -57,13 +59,14 @@ class Endings:
             return
         request.ended = True
         self._admission.release(request)
-        decision.settle(request, outcome)
+        decision.settled.append(Settled(request, outcome))  # `Decision.settle`, without a call per request
 
-    def queue(self, decision: Decision, request: QueuedRequest) -> None:
-        """Queue a request; requests it evicts end UNAVAILABLE `shed`; raises UNAVAILABLE `queue_full`
-        (with the lane's drain time as hint) if it does not fit."""
+    def queue(self, decision: Decision, request: QueuedRequest, limits: LaneLimits | None = None) -> None:
+        """Queue a request (`limits`: its lane's, as its model version is registered now; None for one
+        queued again: the lane's last); requests it evicts end UNAVAILABLE `shed`; raises UNAVAILABLE
+        `queue_full` (with the lane's drain time as hint) if it does not fit."""
         try:
-            victims = self._queues.push(request)
+            victims = self._queues.push(request, limits)
         except QueueFull as full:
             hint = self.drain_seconds(request.lane)
             raise Unavailable(f"queue full: {full}", reason="queue_full", retry_after_s=hint) from None
@@ -105,30 +108,34 @@ class Endings:
         self,
         decision: Decision,
         dispatch: Dispatch,
-        request: QueuedRequest,
-        item: ItemAnswer | None,
+        items: Mapping[int, ItemAnswer],
         now: float,
         *,
         stats: LaneStats,
     ) -> None:
-        """End one request of an answered batch (`stats`: its lane's, which learn how much of its budget it
-        used)."""
-        if item is None:
-            missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
-            self.end(decision, request, missing)
-        elif item.code and item.reason == BUSY:
-            busy = Unavailable(item.message, reason=BUSY, retry_after_s=MIN_RETRY_S)
-            self.again_or_end(decision, request, busy, now, charge=False)
-        elif item.code:
-            self.end(decision, request, error_for_code(item.code, item.message, reason="worker_error"))
-        elif (late := DeadlineBudget.finished_late(request.deadline, now)) is not None:
-            self.end(decision, request, late)
-        else:
-            budget = request.deadline - request.arrival
-            if budget > 0:
-                stats.finished((now - request.arrival) / budget)
-            queue_s = dispatch.sent_at - request.arrival
-            self.end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
+        """End the requests of an answered batch that have not ended, each by its item in `items` (`stats`:
+        their lane's, which learn how much of its budget each used). One call per batch: it runs per
+        request."""
+        for request in dispatch.requests:
+            if request.ended:
+                continue
+            item = items.get(request.request_id)
+            if item is None:
+                missing = Internal(f"worker {dispatch.worker_id} returned no outcome for this request")
+                self.end(decision, request, missing)
+            elif item.code and item.reason == BUSY:
+                busy = Unavailable(item.message, reason=BUSY, retry_after_s=MIN_RETRY_S)
+                self.again_or_end(decision, request, busy, now, charge=False)
+            elif item.code:
+                self.end(decision, request, error_for_code(item.code, item.message, reason="worker_error"))
+            elif (late := DeadlineBudget.finished_late(request.deadline, now)) is not None:
+                self.end(decision, request, late)
+            else:
+                budget = request.deadline - request.arrival
+                if budget > 0:
+                    stats.finished((now - request.arrival) / budget)
+                queue_s = dispatch.sent_at - request.arrival
+                self.end(decision, request, Served(dispatch.worker_id, dispatch.rows, queue_s, item.outputs))
 
     def late(self, request: QueuedRequest, now: float) -> SluiceError:
         """The error of a queued request shed at its latest start."""

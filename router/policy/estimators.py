@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice_inference.router.policy.lanes import LaneKey
+
 DECAY = 0.97
 """Weight kept by the past at each observation (≈ the last 33 batches dominate)."""
 DEFAULT_SECONDS = 0.005
@@ -164,11 +166,14 @@ class ServiceEstimates:
         self._answers: dict[tuple[str, str, int, str, Shape], float] = {}
         """`batch_seconds` as of the last change to any fit: the core asks the same few questions (one row,
         the full batch) for every request, and fits change once per answered batch."""
+        self._admission: dict[tuple[LaneKey, int, int], tuple[float, float, float]] = {}
+        """`admission_seconds` as of the last change to any fit or floor (cleared with `_answers`, and
+        bounded like it)."""
 
     def seed(self, model: str, version: str, warmup: Mapping[int, float]) -> None:
         """Seed a version that has no observations yet from its warm-up timings (batch size → seconds);
         every worker's warm-up lowers the version's best-case floor, measured or not."""
-        self._answers.clear()
+        self._changed()
         key = (model, version)
         best = self._best.setdefault(key, BestCase())
         for rows, seconds in warmup.items():
@@ -185,14 +190,23 @@ class ServiceEstimates:
         self, model: str, version: str, rows: int, seconds: float, worker: str = "", *, shape: Shape = ()
     ) -> None:
         """A worker reported a batch (of the lane with this shape signature)."""
-        self._answers.clear()
-        self._best.setdefault((model, version), BestCase()).observe(rows, seconds)
-        self._fit(self._models, (model, version), model, version).observe(rows, seconds)
+        self._changed()
+        key = (model, version)
+        best = self._best.get(key)
+        if best is None:  # not `setdefault`, which would build a floor on every batch
+            best = self._best[key] = BestCase()
+        best.observe(rows, seconds)
+        self._fit(self._models, key, model, version).observe(rows, seconds)
         if shape:
             self._fit(self._shapes, (model, version, shape), model, version).observe(rows, seconds)
         if worker:
             per_worker = self._workers.setdefault((model, version, shape), {})
             self._fit(per_worker, worker, model, version).observe(rows, seconds)
+
+    def _changed(self) -> None:
+        """A fit or a floor changed: every remembered answer may be stale."""
+        self._answers.clear()
+        self._admission.clear()
 
     def _fit(self, fits: dict[Any, LatencyModel], key: Any, model: str, version: str) -> LatencyModel:
         """The fit under `key`, created with the model's warm-up prior."""
@@ -217,6 +231,23 @@ class ServiceEstimates:
             answer = self._answers[question] = self._batch_seconds(model, version, rows, worker, shape)
         return answer
 
+    def admission_seconds(self, key: LaneKey, rows: int, full_rows: int) -> tuple[float, float, float]:
+        """What admission reads for a request of `rows` in lane `key`, asked at once (per arrival):
+        `batch_seconds` of its rows and of the lane's full batch (`full_rows`), and `best_case_seconds`
+        of its rows."""
+        question = (key, rows, full_rows)
+        answer = self._admission.get(question)
+        if answer is None:
+            if len(self._admission) >= MAX_ANSWERS:
+                self._admission.clear()
+            model, version, shape = key
+            answer = self._admission[question] = (
+                self.batch_seconds(model, version, rows, shape=shape),
+                self.batch_seconds(model, version, full_rows, shape=shape),
+                self.best_case_seconds(model, version, rows),
+            )
+        return answer
+
     def _batch_seconds(self, model: str, version: str, rows: int, worker: str, shape: Shape) -> float:
         for fit in (
             self._workers.get((model, version, shape), {}).get(worker) if worker else None,
@@ -235,7 +266,7 @@ class ServiceEstimates:
 
     def forget_worker(self, worker: str) -> None:
         """Drop a departed worker's fits (a replacement with the same name may be a different machine)."""
-        self._answers.clear()
+        self._changed()
         for key, per_worker in list(self._workers.items()):
             per_worker.pop(worker, None)
             if not per_worker:
@@ -244,7 +275,7 @@ class ServiceEstimates:
     def forget_shape(self, model: str, version: str, shape: Shape) -> None:
         """Drop a lane shape's fits, across workers and per worker (the shape went idle and its model
         needs the room: router/policy/shapes.py); the version's own fit and floor stay."""
-        self._answers.clear()
+        self._changed()
         self._shapes.pop((model, version, shape), None)
         self._workers.pop((model, version, shape), None)
 

@@ -83,9 +83,11 @@ class Fleet:
 
     def reserve(self, worker: WorkerSlot, dispatch: Dispatch, now: float) -> None:
         """A batch was sent to the worker."""
+        breaker = self.health.breaker
+        breaker.dispatched(worker.worker_id, now)
+        # Brought in line with its breaker before the reservation, whose refresh then serves both.
+        worker.allowed = breaker.allows(worker.worker_id, now)
         self.pool.reserve(worker, dispatch.batch_id, dispatch.rows, now, dispatch.expected_s)
-        self.health.breaker.dispatched(worker.worker_id, now)
-        self.allow(worker.worker_id, now)
         self.health.watch(worker)
 
     def release(self, dispatch: Dispatch, now: float) -> WorkerSlot | None:
@@ -106,8 +108,10 @@ class Fleet:
             learned = self._learn(slot, dispatch, answer, now)
             if answer.queued_batches is not None:
                 self._others(slot, answer.queued_batches, now)
-        if any(item.code and item.worker_fault for item in answer.items.values()):
-            self.health.failed(worker_id, now)
+        for item in answer.items.values():  # a loop, not `any` over a generator: this runs per request
+            if item.code and item.worker_fault:
+                self.health.failed(worker_id, now)
+                break
         else:
             self.health.breaker.success(worker_id)
         self.allow(worker_id, now)

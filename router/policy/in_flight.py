@@ -46,7 +46,8 @@ class InFlight:
         self._lane_batches[dispatch.lane] = self._lane_batches.get(dispatch.lane, 0) + 1
         for request in dispatch.requests:
             self._item_batch[request.request_id] = dispatch.batch_id
-        heapq.heappush(self._overdue, (min(r.deadline for r in dispatch.requests), dispatch.batch_id))
+        # A list, not a generator: one call per batch rather than one per request.
+        heapq.heappush(self._overdue, (min([r.deadline for r in dispatch.requests]), dispatch.batch_id))
 
     def forget(self, dispatch: Dispatch) -> None:
         """The batch is no longer in flight (answered, lost or unsent)."""

@@ -1,6 +1,6 @@
 """Per-lane signals for adaptive batching: the arrival rate and how much of their budget requests use.
 
-Both are kept per LaneKey by the dispatcher (they outlive a lane that empties and refills). The arrival
+Both are kept per LaneKey by the queues (they outlive a lane that empties and refills). The arrival
 rate is a time-decayed count (time constant `TAU_S`), so it follows load changes within about a second
 without reacting to a single burst; latency health is the 99th percentile of the fraction of its deadline
 budget each recent request used, with hysteresis so the batching mode does not flap.
@@ -36,16 +36,23 @@ class LaneStats:
     ordered: list[float] = field(default_factory=list)
     """The same values, sorted."""
     healthy: bool = False
+    model: LaneStats | None = None
+    """The statistics of the lane's whole model, which count the lane's arrivals too (None: these are
+    a model's)."""
 
     def arrived(self, now: float, rows: int = 1) -> None:
-        """Count `rows` arriving at `now`."""
-        last = self.last
-        if last is None:
-            self.last = now
-        elif now > last:
-            self.count *= math.exp(-(now - last) / TAU_S)
-            self.last = now
-        self.count += rows
+        """Count `rows` arriving at `now`, here and in the linked model's statistics (one call for both:
+        it runs per request)."""
+        stats: LaneStats | None = self
+        while stats is not None:
+            last = stats.last
+            if last is None:
+                stats.last = now
+            elif now > last:
+                stats.count *= math.exp(-(now - last) / TAU_S)
+                stats.last = now
+            stats.count += rows
+            stats = stats.model
 
     def rate(self, now: float) -> float:
         """Rows per second arriving recently."""
@@ -56,15 +63,18 @@ class LaneStats:
     def finished(self, budget_fraction: float) -> None:
         """A request of this lane completed using `budget_fraction` of its deadline budget."""
         fractions, ordered = self.fractions, self.ordered
-        if len(fractions) >= WINDOW:
+        count = len(fractions)  # after this one: one more, up to WINDOW
+        if count >= WINDOW:
             del ordered[bisect.bisect_left(ordered, fractions.popleft())]
+        else:
+            count += 1
         fractions.append(budget_fraction)
         bisect.insort(ordered, budget_fraction)
-        p99 = ordered[_P99_AT[len(ordered)]]
+        p99 = ordered[_P99_AT[count]]
         if self.healthy:
             if p99 > UNHEALTHY_ABOVE:
                 self.healthy = False
-        elif p99 < HEALTHY_BELOW and len(fractions) >= 20:
+        elif p99 < HEALTHY_BELOW and count >= 20:
             self.healthy = True
 
     def p99(self) -> float:

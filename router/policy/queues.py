@@ -7,7 +7,7 @@ Invariants:
   `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request (worst
   priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused;
 - a lane exists only while it holds requests (`prune`); its statistics and its limits (set once per
-  arrival by `set_limits`, the one record of them: a request queued again after its lane emptied finds
+  arrival by `push`, the one record of them: a request queued again after its lane emptied finds
   them here) outlive it until the core forgets its shape (router/policy/shapes.py bounds how many shapes a
   model keeps);
 - a refusal is a `QueueFull` (no retry hint: the queues do not estimate drain times; the core turns it
@@ -60,35 +60,48 @@ class Queues:
         self.limits: dict[LaneKey, LaneLimits] = {}
         """Each lane's batching limits, from its model version's registration (the only copy)."""
 
-    def set_limits(self, key: LaneKey, limits: LaneLimits) -> None:
-        """The lane's limits as its model version is registered now (applied to the lane at its next push)."""
-        self.limits[key] = limits
-
-    def push(self, request: QueuedRequest) -> list[QueuedRequest]:
-        """Queue a request under its lane's limits (`set_limits` first), evicting less important work if a
+    def push(self, request: QueuedRequest, limits: LaneLimits | None = None) -> list[QueuedRequest]:
+        """Queue a request under its lane's limits (`limits`: as its model version is registered now, then
+        recorded; None: as last recorded, for a request queued again), evicting less important work if a
         bound requires it; returns the evicted requests. Raises `QueueFull` when it does not fit and
         outranks nothing."""
-        limits = self.limits[request.lane]
-        lane = self.lanes.get(request.lane)
+        key = request.lane
+        if limits is None:
+            limits = self.limits[key]
+        else:
+            self.limits[key] = limits
+        lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[request.lane] = Lane(request.lane, limits, self.aging_s)
+            lane = self.lanes[key] = Lane(key, limits, self.aging_s)
         lane.limits = limits  # the model version's current registration
-        victims = self._make_room(lane, request) if self.bounds else []
-        for victim in victims:
-            self.remove(victim.request_id)
+        bounds = self.bounds
+        if bounds is None or (  # within both bounds (most arrivals): nothing to evict
+            len(lane) < bounds.lane_max_queued
+            and self.queued_bytes() + request.size_bytes <= bounds.max_queued_bytes
+        ):
+            victims = []
+        else:
+            victims = self._make_room(lane, request)
+            for victim in victims:
+                self.remove(victim.request_id)
         lane.push(request)
-        self.stats_of(request.lane).arrived(request.arrival, request.rows)
-        model = self._arrivals.get(request.lane.model)
-        if model is None:
-            model = self._arrivals[request.lane.model] = LaneStats()
-        model.arrived(request.arrival, request.rows)
+        stats = self.stats.get(key)
+        if stats is None:
+            stats = self._new_stats(key)
+        stats.arrived(request.arrival, request.rows)  # the model's statistics count it too
         return victims
 
     def stats_of(self, key: LaneKey) -> LaneStats:
         """The lane's statistics (kept while the lane empties and refills)."""
         stats = self.stats.get(key)
-        if stats is None:
-            stats = self.stats[key] = LaneStats()
+        return self._new_stats(key) if stats is None else stats
+
+    def _new_stats(self, key: LaneKey) -> LaneStats:
+        """Fresh statistics for the lane, linked to its model's (which every arrival of the lane counts)."""
+        model = self._arrivals.get(key.model)
+        if model is None:
+            model = self._arrivals[key.model] = LaneStats()
+        stats = self.stats[key] = LaneStats(model=model)
         return stats
 
     def _make_room(self, lane: Lane, request: QueuedRequest) -> list[QueuedRequest]:

@@ -138,7 +138,8 @@ class RateLimiter:
         Order: in-flight first (it spends nothing), then the tenant's bucket, then the global one; a
         tenant token is refunded when the global bucket refuses, so a refusal costs the tenant nothing.
         """
-        cap = self.inflight_cap(tenant)
+        caps = self._caps
+        cap = caps[tenant] if tenant in caps else self.inflight_cap(tenant)  # known: no call per request
         if cap is not None and self.inflight[tenant] >= cap:
             raise ResourceExhausted(
                 f"tenant {tenant!r} has {self.inflight[tenant]} requests in flight "

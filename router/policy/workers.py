@@ -66,16 +66,23 @@ class WorkerSlot:
     @property
     def accepting(self) -> bool:
         """Whether it takes new batches at all (registered ready, connected, not draining)."""
-        return self.registered_ready and self.connected and self.reported_ready
+        return self.state()[0]
 
     @property
     def has_free_slot(self) -> bool:
         """Whether one more batch of ours may go to it now."""
-        return (
-            self.accepting
+        return self.state()[1]
+
+    def state(self) -> tuple[bool, bool]:
+        """(`accepting`, `has_free_slot`), the rules of both, in one call: the pool asks both on every
+        slot change."""
+        accepting = self.registered_ready and self.connected and self.reported_ready
+        in_flight = self.in_flight_batches
+        return accepting, (
+            accepting
             and self.allowed
-            and self.in_flight_batches < self.per_router
-            and self.in_flight_batches + self.others < self.capacity
+            and in_flight < self.per_router
+            and in_flight + self.others < self.capacity
         )
 
 
@@ -169,7 +176,7 @@ class WorkerPool:
     def refresh(self, slot: WorkerSlot) -> None:
         """Put the slot where its current state says, in every index of its models."""
         self.epoch += 1
-        state = (accepting, free) = (slot.accepting, slot.has_free_slot)
+        state = (accepting, free) = slot.state()
         if slot.indexed == state:  # most changes (a batch sent or answered) move it in no index
             return
         slot.indexed = state
