@@ -121,7 +121,7 @@ def check_items(
     dims), what holds for the whole holds for every range of it — names, datatypes, dims, bucket bounds,
     declared ranges — so one pass decides for all, and only a whole that fails is checked item by item
     to find the items at fault (they fail alone)."""
-    if whole is not None and items and all(count >= 1 for count in rows):
+    if whole is not None and items and min(rows) >= 1:
         try:
             model.checks.item_rows(whole)  # also holds the whole to max_batch_size rows, so each item too
         except InvalidArgument:
@@ -209,13 +209,13 @@ class Executor:
         """`prepare` for items `check_item` already validated against this model: group and stage them.
         Items may come from several batches (the runner's merge): outcomes follow the order given."""
         config = model.spec.config
-        declared = [t.name for t in config.outputs]
-        requested = list(dict.fromkeys(outputs)) or declared
+        declared = model.checks.output_names
+        requested = list(dict.fromkeys(outputs)) if outputs else list(declared)
         prepared = PreparedBatch(model, len(items), requested, {}, [])
         unknown = [name for name in outputs if name not in declared]
         if unknown:
             error = InvalidArgument(
-                f"model {config.name!r} has no output(s) {unknown} (outputs: {declared})",
+                f"model {config.name!r} has no output(s) {unknown} (outputs: {list(declared)})",
                 reason="unknown_output",
             )
             prepared.outcomes = {
@@ -243,16 +243,25 @@ class Executor:
         """
         if prepared.copied is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.copied)
-        outcomes = dict(prepared.outcomes)
         model, requested = prepared.model, prepared.requested
+        first: list[ItemOutcome] | None = None
+        if len(prepared.forwards) == 1 and not prepared.outcomes:
+            # The usual batch: one forward of every item, in input order. If it passed (or met a device
+            # fault, already blamed on the worker) there is nothing to isolate or blame.
+            first = self._forward(model, prepared.forwards[0], requested)
+            if not _suspect(first):
+                return first
+        outcomes = dict(prepared.outcomes)
         rerun = functools.partial(self._stage_and_forward, model, requested)
         forwarded: list[int] = []
         for staged in prepared.forwards:
-            first = self._forward(model, staged, requested)
+            if first is None:
+                first = self._forward(model, staged, requested)
             isolated = isolate(staged.group, first, rerun, _suspect)
             for planned, outcome in zip(staged.group, isolated, strict=True):
                 outcomes[planned.index] = outcome
                 forwarded.append(planned.index)
+            first = None
         self._blame(model, outcomes, forwarded)
         return [outcomes[index] for index in range(prepared.size)]
 
@@ -398,6 +407,8 @@ def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Pl
     """Items of equal padded (bucketed) shape, in arrival order, cut into forwards by the batching rule
     (common/batching.py): a new forward whenever the next item would take its shape's current one past
     the model's max_batch_size rows or max_batch_cost."""
+    if len(valid) == 1:  # the first item of a forward always fits
+        return [valid]
     by_shape: dict[ShapeKey, tuple[int, list[tuple[BatchFill, list[_Planned]]]]] = {}
     limits = config.batch_limits
     for planned in valid:

@@ -54,6 +54,8 @@ class ModelChecks:
         self._names = frozenset(t.name for t in config.inputs)
         self._inputs = tuple(_rule(config, spec) for spec in config.inputs)
         self._outputs = {spec.name: _rule(config, spec) for spec in config.outputs}
+        self.output_names = tuple(spec.name for spec in config.outputs)
+        """The declared outputs, in config order: what a batch that names none gets."""
 
     def item_rows(self, inputs: Mapping[str, Any]) -> int:
         """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
