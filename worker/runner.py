@@ -334,8 +334,8 @@ def _encode(
     result.item_ids.extend(ok_ids)
     result.item_rows.extend(ok_rows)
     outputs = result.outputs
-    for name, arrays in columns.items():
-        outputs.append(pack_arrays(name, arrays))
+    for name, column in columns.items():
+        outputs.append(pack_arrays(name, column))
     return len(ok_ids)
 
 
