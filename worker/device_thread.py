@@ -196,16 +196,21 @@ class DeviceThread:
 
     def _take(self, *, block: bool) -> list[Work] | None:
         """Everything in the inbox (waiting for the first one if `block`); None once told to stop."""
+        inbox = self._inbox
         arrived: list[Work] = []
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return None
-                arrived.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return arrived
+        if block:
+            first = inbox.get()
+            if first is None:
+                return None
+            arrived.append(first)
+        # Only this thread takes from the inbox, so what `empty` says is there stays there: no Empty raised
+        # and caught on every wake-up.
+        while not inbox.empty():
+            item = inbox.get_nowait()
+            if item is None:
+                return None
+            arrived.append(item)
+        return arrived
 
     def _intake(self, work: Work) -> Work:
         """Decode and validate a newly accepted batch's items once, and key it for the merge."""
