@@ -52,7 +52,11 @@ def pack_arrays(name: str, arrays: Sequence[Array]) -> worker_pb2.BatchTensor:
     datatype = _DATATYPE_OF.get(dtype) or datatype_of(dtype)
     little = DATATYPES[datatype]
     first: Shape = arrays[0].shape[1:]
-    ragged = any(array.shape[1:] != first for array in arrays)
+    ragged = False
+    for array in arrays:  # a loop, not a generator: this runs for every output of every answer
+        if array.shape[1:] != first:
+            ragged = True
+            break
     if ragged:
         data = b"".join(np.ascontiguousarray(a, dtype=little).tobytes() for a in arrays)
         row_shape: Sequence[int] = [dim for array in arrays for dim in array.shape[1:]]

@@ -18,13 +18,14 @@ held here past the call that made it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy.typing as npt
 import torch
 
 Array = npt.NDArray[Any]
+_NO_STREAM = contextlib.nullcontext()
+"""The CPU's copy stream: nothing to enter (one shared object, not a context manager per copy)."""
 
 
 class BatchEvent(Protocol):
@@ -77,7 +78,7 @@ class DeviceCopies:
 
     def to_device(self, array: Array) -> torch.Tensor:
         """`array` on the device; on CUDA the copy is queued on the copy stream and may still be running."""
-        with self._on_copy_stream():
+        with torch.cuda.stream(self.stream) if self._cuda else _NO_STREAM:
             on_device = self._staged(array).to(self.device, non_blocking=self._cuda)
         if self._cuda:
             # The compute stream uses the result: the caching allocator must not hand its memory to
@@ -110,11 +111,3 @@ class DeviceCopies:
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor, non_blocking=True)
         return host
-
-    @contextlib.contextmanager
-    def _on_copy_stream(self) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        with torch.cuda.stream(self.stream):
-            yield

@@ -25,9 +25,9 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry.trace import NoOpTracer, Span, Tracer
 
@@ -60,9 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MergeKey:
-    """What batches must share to stack into one forward (common/batching.py `next_forward`)."""
+class MergeKey(NamedTuple):
+    """What batches must share to stack into one forward (common/batching.py `next_forward`); a named
+    tuple, the cheapest hashable record to build once per batch."""
 
     model: str
     version: str
@@ -70,7 +70,7 @@ class MergeKey:
     shape: ShapeKey
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Work:
     """An accepted batch and, once it ran, its answer. The loop fills the first four fields at `submit`;
     the device thread the rest: at intake its decoded, validated items and what the merge needs to know,
@@ -82,12 +82,14 @@ class Work:
     received_at: float
     rows: int
     model: LoadedModel | None = None
-    items: list[tuple[CheckedItem, int]] = field(default_factory=list)  # (item, budget_us)
-    failed: list[ItemOutcome] = field(default_factory=list)  # outcomes known before any forward
-    candidate: Candidate = field(default_factory=lambda: RUNS_ALONE)
-    runnable: list[CheckedItem] = field(default_factory=list)
-    skipped: list[ItemOutcome] = field(default_factory=list)
-    executed: list[ItemOutcome] = field(default_factory=list)
+    # Empty until set: each list is made by the step that fills it, so an accepted batch allocates none
+    # it does not use.
+    items: Sequence[tuple[CheckedItem, int]] = ()  # (item, budget_us)
+    failed: Sequence[ItemOutcome] = ()  # outcomes known before any forward
+    candidate: Candidate = RUNS_ALONE
+    runnable: Sequence[CheckedItem] = ()
+    skipped: Sequence[ItemOutcome] = ()
+    executed: Sequence[ItemOutcome] = ()
     executed_rows: int = 0
 
 
@@ -187,22 +189,28 @@ class DeviceThread:
             arrived = self._take(block=not waiting)
             if arrived is None:
                 return
-            waiting.extend(self._intake(work) for work in arrived)
+            for work in arrived:
+                waiting.append(self._intake(work))
             chosen, waiting = _next(waiting)
             self._deliver(self._run(chosen))
 
     def _take(self, *, block: bool) -> list[Work] | None:
         """Everything in the inbox (waiting for the first one if `block`); None once told to stop."""
+        inbox = self._inbox
         arrived: list[Work] = []
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return None
-                arrived.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return arrived
+        if block:
+            first = inbox.get()
+            if first is None:
+                return None
+            arrived.append(first)
+        # Only this thread takes from the inbox, so what `empty` says is there stays there: no Empty raised
+        # and caught on every wake-up.
+        while not inbox.empty():
+            item = inbox.get_nowait()
+            if item is None:
+                return None
+            arrived.append(item)
+        return arrived
 
     def _intake(self, work: Work) -> Work:
         """Decode and validate a newly accepted batch's items once, and key it for the merge."""
@@ -219,16 +227,23 @@ class DeviceThread:
             except SluiceError as err:  # the batch as a whole is malformed: every item fails with it
                 work.failed = [ItemOutcome(i, None, err) for i in batch.item_ids]
                 return work
-            checked = check_items(work.model.spec.config, items, batch.item_rows, whole)
+            checked = check_items(work.model, items, batch.item_rows, whole)
             work.items = list(zip(checked, batch.budgets_us, strict=True))
             config = work.model.spec.config
-            shapes = {checked.shape for checked, _ in work.items if checked.shape is not None}
-            rows = sum(checked.rows for checked, _ in work.items if checked.shape is not None)
-            if len(shapes) == 1:
-                shape = shapes.pop()
-                key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shape)
-                cost = rows * config.row_cost_of(shape)
-                work.candidate = Candidate(key, rows, cost, config.batch_limits)
+            shape: ShapeKey | None = None
+            rows = 0
+            for item in checked:
+                if item.shape is None:
+                    continue
+                if shape is not None and item.shape != shape:  # two padded shapes: it merges with none
+                    break
+                shape = item.shape
+                rows += item.rows
+            else:
+                if shape is not None:
+                    key = MergeKey(batch.model, batch.version, tuple(batch.outputs), shape)
+                    cost = rows * config.row_cost_of(shape)
+                    work.candidate = Candidate(key, rows, cost, config.batch_limits)
         except Exception as exc:  # a bug must fail this batch's items, not stop the device thread
             log.exception("decoding batch %d failed", batch.batch_id)
             work.items, work.failed = [], fail_all(batch, exc)
@@ -263,17 +278,20 @@ class DeviceThread:
 
     def _select(self, work: Work, now: float) -> None:
         """Split a batch into items to skip (cancelled, or their deadline passed) and items to run."""
-        work.skipped = list(work.failed)
+        skipped = list(work.failed)
+        runnable: list[CheckedItem] = []
         stream = work.stream
+        cancelled, is_open = stream.cancelled, stream.open
         for checked, budget_us in work.items:
             item_id = checked.item.item_id
-            if item_id in stream.cancelled or not stream.open:
-                work.skipped.append(ItemOutcome(item_id, None, Cancelled("cancelled by the router")))
+            if not is_open or item_id in cancelled:
+                skipped.append(ItemOutcome(item_id, None, Cancelled("cancelled by the router")))
             elif budget_us and work.received_at + budget_us / 1e6 <= now:
                 expired = DeadlineExceeded("deadline passed before execution")
-                work.skipped.append(ItemOutcome(item_id, None, expired))
+                skipped.append(ItemOutcome(item_id, None, expired))
             else:
-                work.runnable.append(checked)
+                runnable.append(checked)
+        work.skipped, work.runnable = skipped, runnable
 
     def _execute(self, head: Work, works: list[Work]) -> int:
         """Stage and run the runnable items of every batch in `works` (all of `head`'s model and outputs)
@@ -283,6 +301,10 @@ class DeviceThread:
             return 0
         prepared = self._executor.prepare_checked(head.model, flat, list(head.batch.outputs))
         outcomes = self._executor.execute(prepared)
+        if len(works) == 1 and not prepared.outcomes:  # the usual forward: one batch, every item valid
+            head.executed = outcomes
+            head.executed_rows = sum(checked.rows for checked in flat)
+            return prepared.forward_rows
         position = 0
         for work in works:
             count = len(work.runnable)
@@ -314,6 +336,8 @@ class DeviceThread:
 def _next(waiting: list[Work]) -> tuple[list[Work], list[Work]]:
     """The batches of the next forward (common/batching.py `next_forward`) and those left waiting, in
     order."""
+    if len(waiting) == 1:  # the usual case at low load: nothing to merge with, nothing to choose
+        return waiting, []
     chosen_at = set(next_forward([work.candidate for work in waiting]))
     chosen = [work for i, work in enumerate(waiting) if i in chosen_at]
     return chosen, [work for i, work in enumerate(waiting) if i not in chosen_at]

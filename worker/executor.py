@@ -47,14 +47,16 @@ from sluice_inference.worker.isolation import isolate
 from sluice_inference.worker.model_config import ModelConfig
 from sluice_inference.worker.padding import ShapeKey, group_key, stack
 from sluice_inference.worker.repository import ModelVersionSpec
-from sluice_inference.worker.validation import check_outputs, item_rows
+from sluice_inference.worker.validation import ModelChecks
 
 Array = npt.NDArray[Any]
 # Length used for variable dims during warm-up when the input declares no buckets.
 WARMUP_VARIABLE_LENGTH = 8
 
 
-@dataclass(frozen=True)
+# The per-item records below are built several times per batch: slotted, not frozen, since a frozen
+# dataclass costs about three times as much to build. Nothing mutates them once built.
+@dataclass(slots=True)
 class ExecItem:
     """One request's inputs, each with its own leading batch dim (usually 1 row; k rows are allowed)."""
 
@@ -62,7 +64,7 @@ class ExecItem:
     inputs: dict[str, Array]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ItemOutcome:
     """The result for one item: `outputs` (requested names → arrays) or `error`; `worker_fault` when the
     error is the worker's doing, not the item's (see worker.proto, ItemError.worker_fault)."""
@@ -80,13 +82,18 @@ class LoadedModel:
     spec: ModelVersionSpec
     backend: Backend
 
+    @functools.cached_property
+    def checks(self) -> ModelChecks:
+        """This version's input and output checks, resolved from its config once (not per batch)."""
+        return ModelChecks(self.spec.config)
+
     @property
     def record(self) -> ModelRecord:
         """What the worker publishes for this version."""
         return self.spec.record()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CheckedItem:
     """An item after validation: its rows and the padded shape it stacks under, or the InvalidArgument
     that keeps it out of every forward (it then fails alone)."""
@@ -97,35 +104,35 @@ class CheckedItem:
     error: InvalidArgument | None = None
 
 
-def check_item(config: ModelConfig, item: ExecItem) -> CheckedItem:
-    """Validate `item` against `config` (worker/validation.py) and find its padded shape."""
+def check_item(model: LoadedModel, item: ExecItem) -> CheckedItem:
+    """Validate `item` against `model`'s config (worker/validation.py) and find its padded shape."""
     try:
-        rows = item_rows(config, item.inputs)
+        rows = model.checks.item_rows(item.inputs)
     except InvalidArgument as exc:
         return CheckedItem(item, error=exc)
-    return CheckedItem(item, rows, group_key(config, item.inputs))
+    return CheckedItem(item, rows, group_key(model.spec.config, item.inputs))
 
 
 def check_items(
-    config: ModelConfig, items: Sequence[ExecItem], rows: Sequence[int], whole: Mapping[str, Array] | None
+    model: LoadedModel, items: Sequence[ExecItem], rows: Sequence[int], whole: Mapping[str, Array] | None
 ) -> list[CheckedItem]:
     """`check_item` for each item, with the checks run once when they can be: when the items' inputs are
     consecutive row ranges (`rows` each) of `whole` (one array per input, every item with the same row
     dims), what holds for the whole holds for every range of it — names, datatypes, dims, bucket bounds,
     declared ranges — so one pass decides for all, and only a whole that fails is checked item by item
     to find the items at fault (they fail alone)."""
-    if whole is not None and items and all(count >= 1 for count in rows):
+    if whole is not None and items and min(rows) >= 1:
         try:
-            item_rows(config, whole)  # also holds the whole to max_batch_size rows, so each item too
+            model.checks.item_rows(whole)  # also holds the whole to max_batch_size rows, so each item too
         except InvalidArgument:
             pass  # some item is at fault: the checks below name it
         else:
-            shape = group_key(config, whole)
+            shape = group_key(model.spec.config, whole)
             return [CheckedItem(item, count, shape) for item, count in zip(items, rows, strict=True)]
-    return [check_item(config, item) for item in items]
+    return [check_item(model, item) for item in items]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Planned:
     """A validated item: its position in the batch, its row count and padded shape."""
 
@@ -194,8 +201,7 @@ class Executor:
         self, model: LoadedModel, items: Sequence[ExecItem], outputs: Sequence[str] = ()
     ) -> PreparedBatch:
         """Validate, group and stage inputs on the device (asynchronously under CUDA)."""
-        config = model.spec.config
-        return self.prepare_checked(model, [check_item(config, item) for item in items], outputs)
+        return self.prepare_checked(model, [check_item(model, item) for item in items], outputs)
 
     def prepare_checked(
         self, model: LoadedModel, items: Sequence[CheckedItem], outputs: Sequence[str] = ()
@@ -203,13 +209,13 @@ class Executor:
         """`prepare` for items `check_item` already validated against this model: group and stage them.
         Items may come from several batches (the runner's merge): outcomes follow the order given."""
         config = model.spec.config
-        declared = [t.name for t in config.outputs]
-        requested = list(dict.fromkeys(outputs)) or declared
+        declared = model.checks.output_names
+        requested = list(dict.fromkeys(outputs)) if outputs else list(declared)
         prepared = PreparedBatch(model, len(items), requested, {}, [])
         unknown = [name for name in outputs if name not in declared]
         if unknown:
             error = InvalidArgument(
-                f"model {config.name!r} has no output(s) {unknown} (outputs: {declared})",
+                f"model {config.name!r} has no output(s) {unknown} (outputs: {list(declared)})",
                 reason="unknown_output",
             )
             prepared.outcomes = {
@@ -237,16 +243,25 @@ class Executor:
         """
         if prepared.copied is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.copied)
-        outcomes = dict(prepared.outcomes)
         model, requested = prepared.model, prepared.requested
+        first: list[ItemOutcome] | None = None
+        if len(prepared.forwards) == 1 and not prepared.outcomes:
+            # The usual batch: one forward of every item, in input order. If it passed (or met a device
+            # fault, already blamed on the worker) there is nothing to isolate or blame.
+            first = self._forward(model, prepared.forwards[0], requested)
+            if not _suspect(first):
+                return first
+        outcomes = dict(prepared.outcomes)
         rerun = functools.partial(self._stage_and_forward, model, requested)
         forwarded: list[int] = []
         for staged in prepared.forwards:
-            first = self._forward(model, staged, requested)
+            if first is None:
+                first = self._forward(model, staged, requested)
             isolated = isolate(staged.group, first, rerun, _suspect)
             for planned, outcome in zip(staged.group, isolated, strict=True):
                 outcomes[planned.index] = outcome
                 forwarded.append(planned.index)
+            first = None
         self._blame(model, outcomes, forwarded)
         return [outcomes[index] for index in range(prepared.size)]
 
@@ -315,7 +330,6 @@ class Executor:
         return _Staged(group, rows, tensors)
 
     def _forward(self, model: LoadedModel, staged: _Staged, requested: list[str]) -> list[ItemOutcome]:
-        config = model.spec.config
         group, rows = staged.group, staged.rows
         if self._fault is not None:
             return [ItemOutcome(p.item.item_id, None, self._fault, worker_fault=True) for p in group]
@@ -325,7 +339,7 @@ class Executor:
             with torch.inference_mode():
                 produced = model.backend.forward(staged.tensors)
             arrays = self._to_host({name: _output(produced, name) for name in requested})
-            check_outputs(config, arrays, rows)
+            model.checks.outputs(arrays, rows)
         except Exception as exc:
             # The model's own code may raise anything; it concerns this forward's items only, and the
             # message travels to the client (the shell logs the traceback from __cause__) -- unless the
@@ -393,6 +407,8 @@ def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Pl
     """Items of equal padded (bucketed) shape, in arrival order, cut into forwards by the batching rule
     (common/batching.py): a new forward whenever the next item would take its shape's current one past
     the model's max_batch_size rows or max_batch_cost."""
+    if len(valid) == 1:  # the first item of a forward always fits
+        return [valid]
     by_shape: dict[ShapeKey, tuple[int, list[tuple[BatchFill, list[_Planned]]]]] = {}
     limits = config.batch_limits
     for planned in valid:

@@ -13,6 +13,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -317,7 +318,7 @@ class ModelConfig(_Strict):
             return self.warmup_batch_sizes
         return tuple(sorted({1, self.max_batch_size}))
 
-    @property
+    @cached_property
     def batch_limits(self) -> BatchLimits:
         """What one forward of this model may hold, as the batching rule takes it (common/batching.py):
         max_batch_size rows and max_batch_cost."""
@@ -326,7 +327,17 @@ class ModelConfig(_Strict):
     def row_cost_of(self, shape: Sequence[Sequence[int]]) -> int:
         """What one row of padded `shape` (a non-batch shape per input, in `inputs` order) costs against
         max_batch_cost (common/buckets.py `row_cost`, as routers count it)."""
+        if self._fixed_row_cost is not None:
+            return self._fixed_row_cost
         return row_cost((spec.dims, dims) for spec, dims in zip(self.inputs, shape, strict=True))
+
+    @cached_property
+    def _fixed_row_cost(self) -> int | None:
+        """Every row's cost when no input has a variable dim (a cost counts only variable dims, so it is
+        the same for every shape): worked out once instead of for every batch."""
+        if any(spec.is_variable for spec in self.inputs):
+            return None
+        return row_cost((spec.dims, spec.dims) for spec in self.inputs)
 
     @property
     def masked_input(self) -> TensorConfig | None:

@@ -26,6 +26,8 @@ ShapeKey = tuple[tuple[int, ...], ...]
 
 def padded_dims(config: ModelConfig, spec: TensorConfig, shape: Sequence[int]) -> tuple[int, ...]:
     """The non-batch dims of an input after padding its variable dims to their bucket."""
+    if not spec.is_variable and len(shape) == len(spec.dims) + 1:
+        return tuple(shape[1:])  # nothing to pad: what `bucketed` gives, without a bucket lookup per dim
     return bucketed(spec.dims, shape[1:], config.batching.buckets.get(spec.name, ()))
 
 
@@ -36,6 +38,8 @@ def group_key(config: ModelConfig, inputs: Mapping[str, Array]) -> ShapeKey:
 
 def pad(array: Array, target: Sequence[int], value: float) -> Array:
     """`array` padded at the end of each non-batch dim up to `target` (no copy when nothing to pad)."""
+    if array.shape[1:] == tuple(target):
+        return array
     widths = [(0, 0)] + [(0, want - have) for have, want in zip(array.shape[1:], target, strict=True)]
     if all(after == 0 for _, after in widths):
         return array
@@ -48,9 +52,9 @@ def stack(config: ModelConfig, items: Sequence[dict[str, Array]]) -> tuple[dict[
     batch: dict[str, Array] = {}
     for spec in config.inputs:
         target = padded_dims(config, spec, items[0][spec.name].shape)
-        batch[spec.name] = np.concatenate(
-            [pad(item[spec.name], target, config.batching.pad_value) for item in items]
-        )
+        padded = [pad(item[spec.name], target, config.batching.pad_value) for item in items]
+        # One item is copied all the same: the batch must not share memory with the (read-only) wire buffer.
+        batch[spec.name] = padded[0].copy() if len(padded) == 1 else np.concatenate(padded)
     masked = config.masked_input
     if masked is None:
         return batch, None

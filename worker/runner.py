@@ -143,6 +143,8 @@ class BatchRunner:
         self._idle = asyncio.Event()
         self._idle.set()
         self._busy = BusyWindow(BUSY_WINDOW_S, BUSY_SLOTS)
+        # Read when scraped, so no batch pays for setting it (the count changes twice per batch).
+        metrics.queued_batches.set_function(lambda: self._pending)
         self.batches_executed = 0
         self.items_executed = 0
 
@@ -173,21 +175,24 @@ class BatchRunner:
     def submit(self, batches: Sequence[worker_pb2.Batch], stream: StreamState) -> None:
         """Accept the batches of one stream message for execution, each refused at once if the worker
         already holds `capacity` (the refusals go back in one message)."""
-        refused = worker_pb2.WorkerMessage()
+        refused: worker_pb2.WorkerMessage | None = None
+        received_at = self._now()  # the message's batches arrived together
         for batch in batches:
             if self._pending >= self._capacity:
+                if refused is None:
+                    refused = worker_pb2.WorkerMessage()
                 refused.results.append(self._refuse(batch))
                 continue
             rows = _claimed_rows(batch)
+            item_ids = batch.item_ids
             self._pending += 1
-            self._queued_items += len(batch.item_ids)
+            self._queued_items += len(item_ids)
             self._queued_rows += rows
-            stream.held.update(batch.item_ids)
-            self._device.put(Work(batch, stream, self._now(), rows))
-        if refused.results:
+            stream.held.update(item_ids)
+            self._device.put(Work(batch, stream, received_at, rows))
+        if refused is not None:
             stream.send(refused)
         self._idle.clear()
-        self._metrics.queued_batches.set(self._pending)
 
     async def wait_idle(self, within_s: float) -> bool:
         """Wait until no batch is queued or executing (False on timeout)."""
@@ -218,28 +223,28 @@ class BatchRunner:
     def _finish(self, forward: Forward) -> None:
         """On the loop: answer every batch of a finished forward (or forget dropped ones), the answers to
         one stream in one message."""
-        for work in forward.works:
+        works = forward.works
+        for work in works:
             self._pending -= 1
             self._queued_items -= len(work.batch.item_ids)
             self._queued_rows -= work.rows
-        self._metrics.queued_batches.set(self._pending)
         if self._pending == 0:
             self._idle.set()
         if forward.dropped:
-            for work in forward.works:
+            for work in works:
                 work.stream.settle(work.batch.item_ids)
             return
         self._busy.add(forward.start, forward.end)
+        bound = self._bound(works[0].batch)  # a forward's batches share their model (one merge key)
         messages: dict[StreamState, worker_pb2.WorkerMessage] = {}
-        for work in forward.works:
+        for work in works:
             message = messages.get(work.stream)
             if message is None:
                 message = messages[work.stream] = worker_pb2.WorkerMessage()
-            message.results.append(self._answer(work, forward))
+            self._answer(work, forward, bound, message.results.add())
         for stream, message in messages.items():
             stream.send(message)
         if forward.rows:
-            bound = self._bound(forward.works[0].batch)
             bound.batch_size.observe(forward.rows)
             bound.execute.observe(forward.end - forward.start)
         fault = self._executor.fault
@@ -247,36 +252,40 @@ class BatchRunner:
             self._fault_reported = True
             self._on_device_fault(fault)
 
-    def _answer(self, work: Work, forward: Forward) -> worker_pb2.BatchResult:
-        """One batch's result: one buffer per output for the items that ran, errors for the rest."""
-        result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
+    def _answer(
+        self, work: Work, forward: Forward, bound: ModelMetrics, result: worker_pb2.BatchResult
+    ) -> None:
+        """Fill one batch's `result` (built in place in its message): one buffer per output for the items
+        that ran, errors for the rest."""
+        result.batch_id = work.batch.batch_id
         try:
-            _encode(result, work.skipped, work.executed, work.stream.cancelled)
+            ok = _encode(result, work.skipped, work.executed, work.stream.cancelled)
         except Exception as exc:  # a bug must fail this batch's items, not stop the worker
             log.exception("answering batch %d failed", work.batch.batch_id)
-            result = worker_pb2.BatchResult(batch_id=work.batch.batch_id)
-            _encode(result, fail_all(work.batch, exc), [], set())
+            result.Clear()
+            result.batch_id = work.batch.batch_id
+            ok = _encode(result, fail_all(work.batch, exc), [], set())
         result.executed_size = work.executed_rows
         result.forward_rows = forward.rows if work.executed_rows else 0
         result.queue_us = round((forward.start - work.received_at) * 1e6)
         result.execute_us = round((forward.end - forward.start) * 1e6)
         self._stamp_queue(result)
         work.stream.settle(work.batch.item_ids)
-        self._account(work, result, forward.start)
-        return result
+        self._account(work, result, forward.start, bound, ok)
 
     def _stamp_queue(self, result: worker_pb2.BatchResult) -> None:
         result.queued_batches = min(self._pending, _UINT32_MAX)
         result.queued_rows = min(max(self._queued_rows, 0), _UINT32_MAX)
 
-    def _account(self, work: Work, result: worker_pb2.BatchResult, start: float) -> None:
+    def _account(
+        self, work: Work, result: worker_pb2.BatchResult, start: float, bound: ModelMetrics, ok: int
+    ) -> None:
         self.batches_executed += 1
         self.items_executed += result.executed_size
-        bound = self._bound(work.batch)
         bound.batches.inc()
         bound.queue_wait.observe(start - work.received_at)
-        if result.item_ids:
-            bound.items(Code.OK).inc(len(result.item_ids))
+        if ok:
+            bound.items(Code.OK).inc(ok)
         for error in result.errors:
             bound.items(error.code).inc()
 
@@ -301,10 +310,10 @@ def _encode(
     skipped: Sequence[ItemOutcome],
     executed: Sequence[ItemOutcome],
     cancelled: set[int],
-) -> None:
+) -> int:
     """Fill `result` with the outcomes: an error per failed item, and the items that succeeded as one
-    buffer per output. An executed item the router cancelled meanwhile becomes CANCELLED instead of its
-    outputs."""
+    buffer per output; how many succeeded. An executed item the router cancelled meanwhile becomes
+    CANCELLED instead of its outputs."""
     errors = result.errors
     for outcome in skipped:
         errors.append(_failure(outcome))
@@ -324,7 +333,10 @@ def _encode(
                 columns.setdefault(name, []).append(array)
     result.item_ids.extend(ok_ids)
     result.item_rows.extend(ok_rows)
-    result.outputs.extend(pack_arrays(name, arrays) for name, arrays in columns.items())
+    outputs = result.outputs
+    for name, column in columns.items():
+        outputs.append(pack_arrays(name, column))
+    return len(ok_ids)
 
 
 def _failure(outcome: ItemOutcome) -> worker_pb2.ItemError:
@@ -334,4 +346,7 @@ def _failure(outcome: ItemOutcome) -> worker_pb2.ItemError:
 
 def _claimed_rows(batch: worker_pb2.Batch) -> int:
     """The batch's rows as the router sent them (each item's rows, bounded)."""
-    return sum(min(max(rows, 1), _MAX_ITEM_ROWS) for rows in batch.item_rows)
+    total = 0
+    for rows in batch.item_rows:
+        total += min(max(rows, 1), _MAX_ITEM_ROWS)
+    return total

@@ -4,11 +4,15 @@ Every input is checked against the model's config before it reaches the device (
 refused alone, InvalidArgument naming the tensor): names, datatype, shape (batch first, -1 variable),
 bucket bounds, declared value ranges, and a row count all inputs agree on within 1..max_batch_size. A
 model's outputs that disagree with its config raise ValueError (the executor makes it Internal).
+
+The rules are resolved once per model version (`ModelChecks`, held by the loaded model): each batch then
+pays only for comparing its arrays, not for reading the config again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,53 +25,107 @@ from sluice_inference.worker.model_config import ModelConfig, TensorConfig
 Array = npt.NDArray[Any]
 
 
-def item_rows(config: ModelConfig, inputs: Mapping[str, Any]) -> int:
-    """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
-    expected = {t.name for t in config.inputs}
-    missing = sorted(expected - set(inputs))
-    extra = sorted(set(inputs) - expected)
-    if missing or extra:
-        raise InvalidArgument(
-            f"model {config.name!r} takes inputs {sorted(expected)}; missing {missing}, unexpected {extra}",
-            reason="bad_input",
-        )
-    row_counts = set()
-    for spec in config.inputs:
-        array = inputs[spec.name]
-        want = DATATYPES[spec.datatype]
-        if not isinstance(array, np.ndarray) or array.dtype != want:
-            got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+@dataclass(frozen=True, slots=True)
+class _TensorRule:
+    """One tensor's config as the checks read it: its dtype, its dims and the bucket bound of its
+    variable dims."""
+
+    spec: TensorConfig
+    dtype: np.dtype[Any]
+    wanted: tuple[int, ...]
+    """(-1, *dims): the full shape, batch first."""
+    fixed: bool
+    """No variable dim: the shape matches exactly when its non-batch part equals `dims`."""
+    longest: int | None
+    """The largest bucket of the input's variable dims, when it declares buckets."""
+
+
+def _rule(config: ModelConfig, spec: TensorConfig) -> _TensorRule:
+    buckets = config.batching.buckets.get(spec.name)
+    longest = buckets[-1] if buckets else None
+    return _TensorRule(spec, DATATYPES[spec.datatype], (-1, *spec.dims), not spec.is_variable, longest)
+
+
+class ModelChecks:
+    """One model version's input and output checks, resolved from its config once."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self._config = config
+        self._names = frozenset(t.name for t in config.inputs)
+        self._inputs = tuple(_rule(config, spec) for spec in config.inputs)
+        self._outputs = {spec.name: _rule(config, spec) for spec in config.outputs}
+        self.output_names = tuple(spec.name for spec in config.outputs)
+        """The declared outputs, in config order: what a batch that names none gets."""
+
+    def item_rows(self, inputs: Mapping[str, Any]) -> int:
+        """The item's row count, or InvalidArgument naming the tensor and what is wrong."""
+        config = self._config
+        if inputs.keys() != self._names:
+            missing = sorted(self._names - set(inputs))
+            extra = sorted(set(inputs) - self._names)
             raise InvalidArgument(
-                f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
+                f"model {config.name!r} takes inputs {sorted(self._names)}; missing {missing}, "
+                f"unexpected {extra}",
+                reason="bad_input",
             )
-        _check_shape(config, spec.name, spec.dims, array.shape)
-        _check_range(spec, array)
-        row_counts.add(array.shape[0])
-    if len(row_counts) != 1:
-        raise InvalidArgument(f"inputs disagree on the batch dim: {sorted(row_counts)}", reason="bad_shape")
-    rows = row_counts.pop()
-    if not 1 <= rows <= config.max_batch_size:
-        raise InvalidArgument(
-            f"a request carries {rows} rows; model {config.name!r} takes 1..{config.max_batch_size}",
-            reason="bad_shape",
-        )
-    return int(rows)
+        rows: int | None = None
+        agree = True
+        for rule in self._inputs:
+            spec = rule.spec
+            array = inputs[spec.name]
+            if not isinstance(array, np.ndarray) or array.dtype != rule.dtype:
+                got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+                raise InvalidArgument(
+                    f"input {spec.name!r}: expected {spec.datatype}, got {got}", reason="bad_datatype"
+                )
+            shape = array.shape
+            if not (rule.fixed and len(shape) == len(rule.wanted) and shape[1:] == spec.dims):
+                _check_shape(rule, shape)
+            if spec.range is not None:
+                _check_range(spec, array)
+            if rows is None:
+                rows = shape[0]
+            elif shape[0] != rows:
+                agree = False
+        if not agree:
+            counts = sorted({inputs[rule.spec.name].shape[0] for rule in self._inputs})
+            raise InvalidArgument(f"inputs disagree on the batch dim: {counts}", reason="bad_shape")
+        assert rows is not None  # a config declares at least one input
+        if not 1 <= rows <= config.max_batch_size:
+            raise InvalidArgument(
+                f"a request carries {rows} rows; model {config.name!r} takes 1..{config.max_batch_size}",
+                reason="bad_shape",
+            )
+        return int(rows)
+
+    def outputs(self, arrays: dict[str, Array], rows: int) -> None:
+        """Raise ValueError when the model's outputs disagree with the config (caught as Internal)."""
+        for name, array in arrays.items():
+            rule = self._outputs[name]
+            spec = rule.spec
+            if array.dtype != rule.dtype:
+                raise ValueError(f"output {name!r} is {array.dtype}, config declares {spec.datatype}")
+            shape = array.shape
+            if rule.fixed and len(shape) == len(rule.wanted) and shape[0] == rows and shape[1:] == spec.dims:
+                continue
+            wanted = [rows, *spec.dims]
+            if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
+                raise ValueError(f"output {name!r} has shape {list(shape)}, expected {wanted}")
 
 
-def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
-    wanted = [-1, *dims]
+def _check_shape(rule: _TensorRule, shape: tuple[int, ...]) -> None:
+    name, wanted = rule.spec.name, rule.wanted
     fits = len(shape) == len(wanted) and all(w in (-1, s) for w, s in zip(wanted, shape, strict=True))
     if not fits:
         raise InvalidArgument(
-            f"input {name!r}: expected shape {wanted} (batch first, -1 variable), got {list(shape)}",
+            f"input {name!r}: expected shape {list(wanted)} (batch first, -1 variable), got {list(shape)}",
             reason="bad_shape",
         )
-    buckets = config.batching.buckets.get(name)
-    if buckets:
-        too_long = [s for w, s in zip(dims, shape[1:], strict=True) if w == -1 and s > buckets[-1]]
+    if rule.longest is not None:
+        too_long = [s for w, s in zip(rule.spec.dims, shape[1:], strict=True) if w == -1 and s > rule.longest]
         if too_long:
             raise InvalidArgument(
-                f"input {name!r}: length {too_long[0]} exceeds the largest bucket {buckets[-1]}",
+                f"input {name!r}: length {too_long[0]} exceeds the largest bucket {rule.longest}",
                 reason="bad_shape",
             )
 
@@ -84,16 +142,3 @@ def _check_range(spec: TensorConfig, array: Array) -> None:
         raise InvalidArgument(
             f"input {spec.name!r}: value {bad} is outside its range [{lo}, {hi}]", reason="out_of_range"
         )
-
-
-def check_outputs(config: ModelConfig, arrays: dict[str, Array], rows: int) -> None:
-    """Raise ValueError when the model's outputs disagree with the config (caught as Internal)."""
-    by_name = {t.name: t for t in config.outputs}
-    for name, array in arrays.items():
-        spec = by_name[name]
-        if array.dtype != DATATYPES[spec.datatype]:
-            raise ValueError(f"output {name!r} is {array.dtype}, config declares {spec.datatype}")
-        wanted = [rows, *spec.dims]
-        shape = list(array.shape)
-        if len(shape) != len(wanted) or any(w not in (-1, s) for w, s in zip(wanted, shape, strict=True)):
-            raise ValueError(f"output {name!r} has shape {shape}, expected {wanted}")
