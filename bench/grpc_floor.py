@@ -1,14 +1,18 @@
 """The floor under any Python gRPC server on this machine: server CPU per unary call with no work at all.
 
 A server process (pinned to one core) answers `ModelInfer` with raw bytes, in one of these modes:
-`aio-ok` (grpc.aio, echo the body), `aio-refuse` (grpc.aio, refuse with UNAVAILABLE and trailers, as the
-front door does), `sync-ok` (the thread-pool server, echo). An open-loop client pinned to another core sends
+`aio-ok` (grpc.aio, echo the body), `aio-gated` (grpc.aio in the shape of the router's receive gate,
+router/receive_gate.py: a server interceptor hands every call a request-streaming handler made for it,
+which reads the body itself with `context.read()` under a per-call timer, then echoes it), `aio-refuse`
+(grpc.aio, refuse with UNAVAILABLE and trailers, as the front door does), `sync-ok` (the thread-pool
+server, echo). An open-loop client pinned to another core sends
 `--rate` calls per second for `--seconds`; the server's CPU over that window divided by the calls is the
 figure. `--hog-ms` makes every turn of the aio server's event loop also spend that long in one callback
 (what other work in the router's loop does to the calls): it shows how the rate a grpc.aio server takes
 calls in falls with the length of its loop turns.
 
     python -m sluice_inference.bench.grpc_floor --mode aio-ok --rate 1500 --seconds 6
+    python -m sluice_inference.bench.grpc_floor --mode aio-gated --rate 1000 --seconds 5
     python -m sluice_inference.bench.grpc_floor --mode aio-ok --rate 800 --seconds 5 --hog-ms 0.2
 """
 
@@ -25,14 +29,19 @@ from typing import Any
 
 import grpc
 
+from sluice_inference.bench.calibration import process_cpu_s
+from sluice_inference.common.local_cluster import free_port
+
 SERVICE, METHOD = "inference.GRPCInferenceService", "ModelInfer"
 TRAILERS = (("grpc-retry-pushback-ms", "100"), ("sluice-reason", "router_overloaded"))
 CHANNELS = 4
 BODY = b"x" * 1100
 """About one FP32 [1, 256] request."""
+GATED_RECEIVE_S = 5.0
+"""`aio-gated`: the per-call timer on the body's arrival (the router's `receive_timeout_s`)."""
 
 
-async def _aio_server(port: int, refuse: bool, hog_s: float) -> None:
+async def _aio_server(port: int, refuse: bool, gated: bool, hog_s: float) -> None:
     async def handler(body: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         if refuse:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "overloaded", trailing_metadata=TRAILERS)
@@ -40,13 +49,28 @@ async def _aio_server(port: int, refuse: bool, hog_s: float) -> None:
 
     loop = asyncio.get_running_loop()
 
+    async def read_then_echo(_requests: Any, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        task = asyncio.current_task()
+        assert task is not None
+        timer = loop.call_later(GATED_RECEIVE_S, task.cancel)
+        try:
+            body: bytes = await context.read()
+        finally:
+            timer.cancel()
+        return body
+
+    class Gate(grpc.aio.ServerInterceptor):
+        async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+            await continuation(details)
+            return grpc.stream_unary_rpc_method_handler(read_then_echo)
+
     def hog() -> None:
         time.sleep(hog_s)
         loop.call_soon(hog)
 
     if hog_s:
         loop.call_soon(hog)
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[Gate()] if gated else None)
     methods: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
         METHOD: grpc.unary_unary_rpc_method_handler(handler)
     }
@@ -72,7 +96,7 @@ def serve(mode: str, port: int, hog_s: float) -> None:
     if mode == "sync-ok":
         _sync_server(port)
     else:
-        asyncio.run(_aio_server(port, mode == "aio-refuse", hog_s))
+        asyncio.run(_aio_server(port, mode == "aio-refuse", mode == "aio-gated", hog_s))
 
 
 async def load(port: int, rate: float, seconds: float) -> dict[str, Any]:
@@ -115,23 +139,9 @@ def _percentile_ms(ordered: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("aio-ok", "aio-refuse", "sync-ok"), default="aio-ok")
+    parser.add_argument("--mode", choices=("aio-ok", "aio-gated", "aio-refuse", "sync-ok"), default="aio-ok")
     parser.add_argument("--rate", type=float, default=1500)
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--hog-ms", type=float, default=0.0)
@@ -143,7 +153,7 @@ def main() -> None:
         os.sched_setaffinity(0, {args.server_core})
         serve(args.mode, args.serve_port, args.hog_ms / 1000)
         return
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen(
         [sys.executable, "-m", "sluice_inference.bench.grpc_floor", "--mode", args.mode, "--hog-ms",
          str(args.hog_ms), "--server-core", str(args.server_core), "--serve-port", str(port)]
@@ -151,9 +161,9 @@ def main() -> None:
     try:
         os.sched_setaffinity(0, {args.client_core})
         time.sleep(1.5)
-        before = _cpu_s(child.pid)
+        before = process_cpu_s(child.pid)
         result = asyncio.run(load(port, args.rate, args.seconds))
-        used = _cpu_s(child.pid) - before
+        used = process_cpu_s(child.pid) - before
     finally:
         child.kill()
         child.wait(10)

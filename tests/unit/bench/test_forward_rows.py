@@ -1,0 +1,36 @@
+"""bench/forward_rows.py times a TorchScript forward per batch size and prints one line per size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sluice_inference.bench import forward_rows
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "linear.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(8, 2)), str(path))
+    return path
+
+
+def test_a_forward_costs_some_cpu_per_call(model_file: Path) -> None:
+    model = torch.jit.load(str(model_file)).eval()  # type: ignore[no-untyped-call]
+    assert 0 < forward_rows.cpu_per_forward(model, rows=4, features=8, calls=50) < 1.0
+
+
+def test_it_prints_one_line_per_batch_size(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["forward_rows", str(model_file), "--features", "8", "--rows", "1,3,16", "--calls", "20"]
+    monkeypatch.setattr(sys, "argv", argv)
+    forward_rows.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "rows"
+    assert [int(line.split()[0]) for line in lines[1:]] == [1, 3, 16]
+    per_call, per_row = (float(v) for v in lines[-1].split()[1:])
+    assert per_row == pytest.approx(per_call / 16, abs=1)
