@@ -28,6 +28,7 @@ from sluice_inference.common.cluster_auth import ClusterClient, router_identity,
 from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import LeasedKey, router_key
 from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.heap import settle_after_startup
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.inference import grpc_service_pb2
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
@@ -427,6 +428,7 @@ async def serve_router(config: SluiceConfig) -> None:
     """Run a router until SIGINT or SIGTERM."""
     router = RouterServer(config)
     await router.start()
+    settle_after_startup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -41,6 +41,7 @@ from sluice_inference.common.etcd import LeasedKey, worker_key
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
 from sluice_inference.common.grpc_gate import GateInterceptor
 from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.heap import settle_after_startup
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sluice_inference.common.records import WorkerRecord, WorkerStateName
@@ -315,6 +316,7 @@ async def serve_worker(config: SluiceConfig) -> None:
     """
     worker = WorkerProcess(config)
     await worker.start()
+    settle_after_startup()
     loop = asyncio.get_running_loop()
     drain_task: set[asyncio.Task[None]] = set()
 
