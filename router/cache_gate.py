@@ -51,6 +51,10 @@ class Lookup:
     key: str = ""
 
 
+_KEYLESS = {use: Lookup(use) for use in CacheUse}
+"""The lookups without a key, made once: most requests (a model that is not cacheable) get one."""
+
+
 class CacheGate:
     """Decides, looks up, coalesces and stores."""
 
@@ -72,7 +76,7 @@ class CacheGate:
             banned=self.strikes.banned(tenant, record.name, self.store.clock.now()),
         )
         if use is not CacheUse.LOOKUP:
-            return Lookup(use)
+            return _KEYLESS[use]
         key = cache_key(
             scope=cache_scope(tenant, shared=record.cache_scope == "shared"),
             model=record.name,

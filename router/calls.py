@@ -93,9 +93,9 @@ class CacheOutcome(enum.Enum):
     BYPASS = "bypass"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ServedBy:
-    """How a worker served a request."""
+    """How a worker served a request (treated as immutable: see `InputTensor`)."""
 
     worker_id: str
     batch_rows: int
@@ -103,9 +103,10 @@ class ServedBy:
     """Seconds between arriving at the router and the batch being sent."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InferResult:
-    """The answer to one call: outputs, and how it was served."""
+    """The answer to one call: outputs, and how it was served (treated as immutable: see `InputTensor`;
+    the cache and the idempotency store hand the same one to many callers)."""
 
     model_name: str
     model_version: str

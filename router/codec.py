@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Protocol
 
 import numpy.typing as npt
@@ -63,9 +62,10 @@ class DecodeLimits:
     """rows x requested outputs x bytes must fit the client port's message limit."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DecodedRequest:
-    """A validated inference request, ready to queue: what the driver takes."""
+    """A validated inference request, ready to queue: what the driver takes. Treated as immutable, and not
+    `frozen` for the reason `InputTensor` gives (router/calls.py): one is built per request."""
 
     record: ModelRecord
     client_id: str
@@ -78,13 +78,10 @@ class DecodedRequest:
     timeout_s: float | None
     cost: int
     """Rows times the padded length of the variable dims: what `max_batch_cost` limits."""
+    input_bytes: int
+    """Bytes of the canonical input tensors (the data plane and the driver both ask)."""
     response_bytes: int = 0
     """Upper estimate of the response's size (variable output dims count as 1)."""
-
-    @cached_property
-    def input_bytes(self) -> int:
-        """Bytes of the canonical input tensors (the data plane and the driver both ask)."""
-        return sum(len(t.data) for t in self.inputs)
 
 
 class ExecutorReply(Protocol):
@@ -226,12 +223,24 @@ class _Layout:
     output_names: frozenset[str]
     output_row_bytes: tuple[tuple[str, int], ...]
     """Each output's bytes per row (variable dims count as 1), in the record's order."""
+    all_outputs_row_bytes: int
+    """The sum of `output_row_bytes`: a request that names no outputs gets every one."""
     raw_row_bytes: dict[str, int]
     """Bytes per row of each input whose length can be checked as rows times this: fixed dims, no value
     range to check, and no batch the record admits spanning more than `MAX_SHAPE_SPAN` elements."""
     fixed_lane: LaneKey | None
     """The lane of every request when no input has a variable dim (padding changes nothing then)."""
     fixed_row_cost: int
+
+    def response_bytes(self, rows: int, outputs: tuple[str, ...]) -> int:
+        """Upper estimate of the response to `rows` rows asking for `outputs` (none: every output)."""
+        if not outputs:
+            return rows * self.all_outputs_row_bytes + TENSOR_OVERHEAD_BYTES * len(self.output_row_bytes)
+        return sum(
+            rows * per_row + TENSOR_OVERHEAD_BYTES
+            for name, per_row in self.output_row_bytes
+            if name in outputs
+        )
 
 
 _LAYOUTS: dict[int, tuple[ModelRecord, _Layout]] = {}
@@ -270,6 +279,7 @@ def _layout(record: ModelRecord) -> _Layout:
         names=sorted(specs),
         output_names=frozenset(spec.name for spec in record.outputs),
         output_row_bytes=tuple(output_row_bytes),
+        all_outputs_row_bytes=sum(per_row for _, per_row in output_row_bytes),
         raw_row_bytes=raw_row_bytes,
         fixed_lane=LaneKey(record.name, record.version, dims) if fixed else None,
         fixed_row_cost=row_cost((specs[name].dims, shape) for name, shape in dims) if fixed else 0,
@@ -314,11 +324,7 @@ def decode_call(
             f"inputs disagree on the batch dimension: {sorted(rows_seen)}", reason="bad_shape"
         )
     rows = rows_seen.pop()
-    expected = sum(
-        rows * per_row + TENSOR_OVERHEAD_BYTES
-        for name, per_row in layout.output_row_bytes
-        if not outputs or name in outputs
-    )
+    expected = layout.response_bytes(rows, outputs)
     if expected > limits.max_response_bytes:
         raise InvalidArgument(
             f"the response would be ~{expected} bytes, over the {limits.max_response_bytes}-byte message "
@@ -344,6 +350,7 @@ def decode_call(
         lane=lane,
         cost=cost,
         timeout_s=timeout_s,
+        input_bytes=sum(len(t.data) for t in decoded) if len(decoded) > 1 else len(decoded[0].data),
         response_bytes=expected,
     )
 

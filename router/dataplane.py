@@ -63,6 +63,9 @@ from sluice_inference.router.policy.tenants import Tenant, TenantDirectory
 log = logging.getLogger(__name__)
 
 BUG_LOG_INTERVAL_S = 5.0
+_OK = Code.OK.name
+_CANCELLED = Code.CANCELLED.name
+"""Outcome labels read once: an enum member's `.name` is a descriptor call per request."""
 
 
 class Backend(Executor, Protocol):
@@ -116,7 +119,7 @@ class HitAudit(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Progress:
     """How far one call got, so it is accounted once however it ends."""
 
@@ -244,11 +247,11 @@ class DataPlane:
         except asyncio.CancelledError:
             if progress.claimed is not None:
                 await self._idempotency.failed(progress.claimed, None)
-            self._metrics.request_outcomes(progress.model, Code.CANCELLED.name).inc()
+            self._metrics.request_outcomes(progress.model, _CANCELLED).inc()
             raise
         finally:
             self._bytes.release(progress.held)
-        self._metrics.request_outcomes(progress.model, Code.OK.name).inc()
+        self._metrics.request_outcomes(progress.model, _OK).inc()
         latency = self._clock.now() - progress.start
         self._metrics.request_latencies(progress.model).observe(latency)
         self._live.record(progress.model, progress.start + latency, latency, good=True)

@@ -114,24 +114,22 @@ def call_from_request(
     client port's gate refuses those first)."""
     head = metadata if isinstance(metadata, CallHead) else read_head(metadata)
     raws = request.raw_input_contents
+    tensors = request.inputs
     defect = None
-    if raws and len(raws) != len(request.inputs):
-        defect = InvalidArgument(
-            f"raw_input_contents has {len(raws)} buffers for {len(request.inputs)} inputs",
-            reason="bad_inputs",
-        )
-    paired = bool(raws) and defect is None
     # Lists, not generators, and empty fields skipped: generator frames cost microseconds per request.
-    inputs = tuple([
-        InputTensor(
-            tensor.name,
-            tensor.datatype,
-            tuple(tensor.shape),
-            raws[index] if paired else None,
-            None if raws else _typed_values(tensor),
+    if not raws:
+        inputs = tuple([
+            InputTensor(t.name, t.datatype, tuple(t.shape), None, _typed_values(t)) for t in tensors
+        ])  # fmt: skip
+    elif len(raws) == len(tensors):
+        inputs = tuple([
+            InputTensor(t.name, t.datatype, tuple(t.shape), raw) for t, raw in zip(tensors, raws, strict=True)
+        ])  # fmt: skip
+    else:
+        defect = InvalidArgument(
+            f"raw_input_contents has {len(raws)} buffers for {len(tensors)} inputs", reason="bad_inputs"
         )
-        for index, tensor in enumerate(request.inputs)
-    ])  # fmt: skip
+        inputs = tuple([InputTensor(t.name, t.datatype, tuple(t.shape)) for t in tensors])
     outputs = request.outputs
     parameters = request.parameters
     return InferCall(

@@ -192,7 +192,8 @@ def decoded_request(plan: RunPlan, cls: int) -> DecodedRequest:
                          max_batch_size=model.max_batch_size, max_wait_s=model.max_wait_ms / 1000.0,
                          inputs=(x,), outputs=(x,))  # fmt: skip
     return DecodedRequest(record=record, client_id="", inputs=(tensor,), outputs=(), rows=spec.rows,
-                          lane=plan.lanes[cls], timeout_s=None, cost=spec.rows * spec.length)  # fmt: skip
+                          lane=plan.lanes[cls], timeout_s=None, cost=spec.rows * spec.length,
+                          input_bytes=len(data))  # fmt: skip
 
 
 async def test_the_driver_and_the_simulator_make_the_core_take_identical_decisions() -> None:
