@@ -81,6 +81,9 @@ SHAPES_BUSY_RETRY_S = 0.1
 """Every shape of the model has queued or running work: one of them is idle once a batch is answered."""
 ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
+MAX_CAPPED_LIMITS = 1024
+"""Distinct lane limits the core remembers with its message cap added (registered model versions have a
+handful): past it, it starts afresh."""
 
 
 class RouterCore:
@@ -115,6 +118,8 @@ class RouterCore:
             estimates=self.estimates, queues=self.queues, limiter=self.admission.limiter,
         )  # fmt: skip
         self.max_batch_bytes = max_batch_bytes
+        self._capped_limits: dict[LaneLimits, LaneLimits] = {}
+        """Lane limits as requests bring them → with `max_batch_bytes` added (bounded: `_capped`)."""
         self.shapes = ShapeTable() if shapes is None else shapes
         """The lane shapes that hold state (the queues' lanes, limits and statistics, the planner's waits
         and the shape fits are kept only for shapes here)."""
@@ -155,12 +160,22 @@ class RouterCore:
         (inputs, expected outputs, framing) is what batches are cut by to fit the cluster's message limit,
         the core's `max_batch_bytes`, which is added to its limits here."""
         if self.max_batch_bytes is not None:
-            limits = replace(limits, max_batch_bytes=self.max_batch_bytes)
+            limits = self._capped(limits)
         return QueuedRequest(
             next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant=tenant,
             priority=priority, weight=weight, size_bytes=input_bytes, cost=cost,
             wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
         )  # fmt: skip
+
+    def _capped(self, limits: LaneLimits) -> LaneLimits:
+        """`limits` with the core's `max_batch_bytes`, remembered by their value (asked per request; a
+        model version's limits change rarely, and a changed one is another key)."""
+        capped = self._capped_limits.get(limits)
+        if capped is None:
+            if len(self._capped_limits) >= MAX_CAPPED_LIMITS:
+                self._capped_limits.clear()
+            capped = self._capped_limits[limits] = replace(limits, max_batch_bytes=self.max_batch_bytes)
+        return capped
 
     def arrive(self, now: float, request: QueuedRequest) -> Decision:
         """A validated request: refuse it now, or admit and queue it (evicting less important work) under

@@ -100,7 +100,7 @@ class CoreView:
         return len(self._core.ledger)
 
     def dispatch(self, batch_id: int) -> Dispatch | None:
-        """The batch, while it is in flight (the same frozen `Dispatch` the core's decision carried)."""
+        """The batch, while it is in flight (the same immutable `Dispatch` the core's decision carried)."""
         return self._core.ledger.get(batch_id)
 
     def breaker_open(self, worker_id: str, now: float) -> bool:

@@ -249,10 +249,15 @@ class ServiceEstimates:
         return answer
 
     def _batch_seconds(self, model: str, version: str, rows: int, worker: str, shape: Shape) -> float:
-        for fit in (
-            self._workers.get((model, version, shape), {}).get(worker) if worker else None,
-            self._shapes.get((model, version, shape)) if shape else None,
-        ):
+        # Asked again after every answered batch (each clears the answers): plain lookups, no tuple to
+        # loop over.
+        fit: LatencyModel | None
+        if worker and (per_worker := self._workers.get((model, version, shape))) is not None:
+            fit = per_worker.get(worker)
+            if fit is not None and fit.observations >= WORKER_FIT_AFTER:
+                return fit.predict(rows)
+        if shape:
+            fit = self._shapes.get((model, version, shape))
             if fit is not None and fit.observations >= WORKER_FIT_AFTER:
                 return fit.predict(rows)
         fit = self._models.get((model, version))

@@ -27,6 +27,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from sluice_inference.common.batching import BatchFill, BatchLimits
@@ -46,6 +47,13 @@ class LaneKey(NamedTuple):
         return f"{self.model}:{self.version}[{dims}]"
 
 
+MAX_REMEMBERED_LIMITS = 1024
+"""Distinct limits `LaneLimits.of` remembers (registered model versions have a handful): past it, it
+starts afresh."""
+_OF: dict[tuple[int, float, int | None], LaneLimits] = {}
+"""`LaneLimits.of` by the record's values: one frozen object per distinct set, not one per request."""
+
+
 @dataclass(frozen=True)
 class LaneLimits:
     """Batching limits of a lane, from the model's registration."""
@@ -61,12 +69,20 @@ class LaneLimits:
     @classmethod
     def of(cls, record: ModelRecord) -> LaneLimits:
         """A model version's limits as its registration states them (a pure function of the record, so
-        the shell builds them with the request; the core adds its message cap in `new_request`)."""
-        return cls(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+        the shell builds them with the request; the core adds its message cap in `new_request`). Asked
+        per request: records with the same limits share one object, so a changed record gets new ones."""
+        values = (record.max_batch_size, record.max_wait_s, record.max_batch_cost)
+        limits = _OF.get(values)
+        if limits is None:
+            if len(_OF) >= MAX_REMEMBERED_LIMITS:
+                _OF.clear()
+            limits = _OF[values] = cls(*values)
+        return limits
 
-    @property
+    @cached_property
     def batch(self) -> BatchLimits:
-        """These limits as the batching rule takes them (common/batching.py)."""
+        """These limits as the batching rule takes them (common/batching.py); built once (asked per
+        batch), which a frozen object allows."""
         return BatchLimits(self.max_batch_size, self.max_batch_cost, self.max_batch_bytes)
 
 

@@ -44,6 +44,8 @@ class LeastLoaded:
 
     def choose(self, free: IndexedSet, job: Job) -> WorkerSlot | None:
         """The least-loaded free worker, or None."""
+        if len(free) == 1:  # asked per batch: one candidate needs no ordering
+            return free.first()
         return min(free, key=lambda w: (w.in_flight_batches, w.in_flight_rows, w.worker_id), default=None)
 
 
@@ -71,6 +73,8 @@ class ExpectedCompletion:
 
     def choose(self, free: IndexedSet, job: Job) -> WorkerSlot | None:
         """The free worker expected to finish `job` first (among two sampled when many are free)."""
+        if len(free) == 1:  # asked per batch: one candidate needs no estimate
+            return free.first()
         candidates = free.sample(2, self._rng) if len(free) > SAMPLE_ABOVE else list(free)
 
         def finish(worker: WorkerSlot) -> tuple[float, str]:

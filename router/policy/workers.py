@@ -118,6 +118,10 @@ class IndexedSet:
             self._items[position] = last
             self._positions[last.worker_id] = position
 
+    def first(self) -> WorkerSlot:
+        """A member (IndexError when empty): the only one, for a caller that knows there is one."""
+        return self._items[0]
+
     def sample(self, count: int, rng: random.Random) -> list[WorkerSlot]:
         """`count` distinct members drawn uniformly (all of them when there are fewer)."""
         if len(self._items) <= count:

@@ -21,7 +21,13 @@ from sluice_inference.router.policy.batcher import (
     WakeAt,
 )
 from sluice_inference.router.policy.catalog import ModelCatalog
-from sluice_inference.router.policy.core import BUSY, HANG_FACTOR, RouterCore, version_to_serve
+from sluice_inference.router.policy.core import (
+    BUSY,
+    HANG_FACTOR,
+    MAX_CAPPED_LIMITS,
+    RouterCore,
+    version_to_serve,
+)
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
 from sluice_inference.router.policy.outcomes import Served
@@ -203,10 +209,32 @@ def test_a_request_carries_its_model_limits_capped_by_the_message_limit() -> Non
         limits=LaneLimits.of(record),
     )  # fmt: skip
     assert made.limits == LaneLimits(8, 0.003, 64, 10_000)
+    again = core.new_request(
+        0.0, lane=KEY, rows=1, deadline=1.0, payload=None, tenant="gold", priority=1,
+        limits=LaneLimits.of(record),
+    )  # fmt: skip
+    assert again.limits is made.limits  # derived once, not per request
+    changed = record.model_copy(update={"max_batch_size": 4})
+    made = core.new_request(
+        0.0, lane=KEY, rows=1, deadline=1.0, payload=None, tenant="gold", priority=1,
+        limits=LaneLimits.of(changed),
+    )  # fmt: skip
+    assert made.limits == LaneLimits(4, 0.003, 64, 10_000)  # a changed registration is followed
     bare = request(0.0)
     bare.limits = None
     with pytest.raises(ValueError, match="without its lane limits"):
         core.arrive(0.0, bare)
+
+
+def test_the_limits_with_the_message_cap_are_remembered_boundedly() -> None:
+    core = make_core(max_batch_bytes=10_000)
+    for size in range(1, MAX_CAPPED_LIMITS + 2):
+        made = core.new_request(
+            0.0, lane=KEY, rows=1, deadline=1.0, payload=None, tenant="gold", priority=1,
+            limits=LaneLimits(size, 0.0),
+        )  # fmt: skip
+        assert made.limits == LaneLimits(size, 0.0, None, 10_000)
+    assert len(core._capped_limits) <= MAX_CAPPED_LIMITS
 
 
 class _BrokenBatcher(TimerBatcher):

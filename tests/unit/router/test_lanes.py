@@ -7,7 +7,15 @@ from collections import Counter
 
 import pytest
 
-from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.router.policy import lanes as lanes_module
+from sluice_inference.router.policy.lanes import (
+    MAX_REMEMBERED_LIMITS,
+    Lane,
+    LaneKey,
+    LaneLimits,
+    QueuedRequest,
+)
 
 KEY = LaneKey("m", "1")
 _ids = itertools.count(1)
@@ -116,3 +124,24 @@ def test_batch_is_capped_by_cost_as_well_as_rows() -> None:
     for _ in range(6):
         q.push(QueuedRequest(next(_ids), KEY, 1, 0.0, 10.0, cost=64))
     assert len(q.pop_batch(0.0)) == 4 and len(q) == 2
+
+
+def _record(max_batch_size: int, max_wait_s: float = 0.002) -> ModelRecord:
+    spec = TensorSpec(name="x", datatype="FP32", dims=(4,))
+    return ModelRecord(name="m", version="1", digest="d", platform="synthetic", max_batch_size=max_batch_size,
+                       max_wait_s=max_wait_s, inputs=(spec,), outputs=(spec,))  # fmt: skip
+
+
+def test_limits_of_a_record_are_shared_follow_a_changed_record_and_stay_bounded() -> None:
+    first = LaneLimits.of(_record(8))
+    assert LaneLimits.of(_record(8)) is first  # one object per distinct limits, not one per request
+    assert LaneLimits.of(_record(8, max_wait_s=0.005)) == LaneLimits(8, 0.005)
+    for size in range(1, MAX_REMEMBERED_LIMITS + 2):
+        assert LaneLimits.of(_record(size)) == LaneLimits(size, 0.002)
+    assert len(lanes_module._OF) <= MAX_REMEMBERED_LIMITS
+
+
+def test_batch_limits_are_built_once_per_lane_limits() -> None:
+    limits = LaneLimits(8, 0.0, 64, 1000)
+    assert limits.batch is limits.batch
+    assert (limits.batch.max_rows, limits.batch.max_cost, limits.batch.max_bytes) == (8, 64, 1000)
