@@ -272,6 +272,8 @@ async def test_replay_after_a_version_roll_returns_the_original_version(
     assert original.model_version == "1"
     spawn("w-v2", repository=rolled)
     await eventually(lambda: router.catalog.resolve("synthetic").version == "2", 60, "v2 registered")
+    # Registered is not yet serving: the router's stream to the new worker opens after its record is seen.
+    await eventually(lambda: router.driver.core.accepting("w-v2"), 60, "v2 worker")
     old.stop()
     replay = await infer(router, synthetic_request(5.0), key="roll-1")
     assert replay.parameters["sluice_replayed"].bool_param and replay.model_version == "1"
