@@ -301,10 +301,11 @@ class DeviceThread:
             return 0
         prepared = self._executor.prepare_checked(head.model, flat, list(head.batch.outputs))
         outcomes = self._executor.execute(prepared)
+        forward_rows = prepared.forward_rows
         if len(works) == 1 and not prepared.outcomes:  # the usual forward: one batch, every item valid
             head.executed = outcomes
-            head.executed_rows = sum(checked.rows for checked in flat)
-            return prepared.forward_rows
+            head.executed_rows = forward_rows  # every item went into a forward
+            return forward_rows
         position = 0
         for work in works:
             count = len(work.runnable)
@@ -315,7 +316,7 @@ class DeviceThread:
                 if index not in prepared.outcomes
             )
             position += count
-        return prepared.forward_rows
+        return forward_rows
 
     def _span(self, work: Work) -> Span | None:
         """The execute span, a child of the router's batch span: only for batches the router traced

@@ -407,8 +407,18 @@ def _forward_groups(config: ModelConfig, valid: list[_Planned]) -> list[list[_Pl
     """Items of equal padded (bucketed) shape, in arrival order, cut into forwards by the batching rule
     (common/batching.py): a new forward whenever the next item would take its shape's current one past
     the model's max_batch_size rows or max_batch_cost."""
-    if len(valid) == 1:  # the first item of a forward always fits
-        return [valid]
+    if len(valid) <= 1:  # the first item of a forward always fits
+        return [valid] if valid else []
+    first = valid[0]
+    if all(planned.shape == first.shape for planned in valid):
+        # One shape (the usual batch): item by item, every item fits iff all of them fit (the totals only
+        # grow), so the rule is asked once for the first item and once for the rest together.
+        row_cost = config.row_cost_of(first.shape)
+        rest = sum(planned.rows for planned in valid) - first.rows
+        fill = BatchFill(config.batch_limits)
+        fill.take(first.rows, first.rows * row_cost)
+        if fill.take(rest, rest * row_cost):
+            return [valid]
     by_shape: dict[ShapeKey, tuple[int, list[tuple[BatchFill, list[_Planned]]]]] = {}
     limits = config.batch_limits
     for planned in valid:

@@ -51,8 +51,11 @@ def stack(config: ModelConfig, items: Sequence[dict[str, Array]]) -> tuple[dict[
     model takes one."""
     batch: dict[str, Array] = {}
     for spec in config.inputs:
-        target = padded_dims(config, spec, items[0][spec.name].shape)
-        padded = [pad(item[spec.name], target, config.batching.pad_value) for item in items]
+        if spec.is_variable:
+            target = padded_dims(config, spec, items[0][spec.name].shape)
+            padded = [pad(item[spec.name], target, config.batching.pad_value) for item in items]
+        else:  # nothing to pad: the group's items share its exact shape (their shape key)
+            padded = [item[spec.name] for item in items]
         # One item is copied all the same: the batch must not share memory with the (read-only) wire buffer.
         batch[spec.name] = padded[0].copy() if len(padded) == 1 else np.concatenate(padded)
     masked = config.masked_input

@@ -235,7 +235,7 @@ class BatchRunner:
                 work.stream.settle(work.batch.item_ids)
             return
         self._busy.add(forward.start, forward.end)
-        bound = self._bound(works[0].batch)  # a forward's batches share their model (one merge key)
+        bound = self._bound_work(works[0])  # a forward's batches share their model (one merge key)
         messages: dict[StreamState, worker_pb2.WorkerMessage] = {}
         for work in works:
             message = messages.get(work.stream)
@@ -294,6 +294,13 @@ class BatchRunner:
         cannot grow the label set."""
         served = (batch.model, batch.version) in self._models
         return self._metrics.model(batch.model if served else _UNKNOWN_MODEL)
+
+    def _bound_work(self, work: Work) -> ModelMetrics:
+        """`_bound` for a batch the device thread took in: the model it found names the children, so no
+        name is read from the wire again."""
+        if work.model is None:
+            return self._bound(work.batch)
+        return self._metrics.model(work.model.spec.name)
 
     def _post(self, forward: Forward) -> None:
         """On the device thread: hand a finished forward to the loop, its one wake-up for all the forward's

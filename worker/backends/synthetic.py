@@ -23,12 +23,14 @@ import math
 import time
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from sluice_inference.worker.backends.base import TORCH_DTYPES
 from sluice_inference.worker.model_config import ModelConfig
 
 POISON = -12345.0
+_MAX_GATHERS = 64
 SIMULATED_FAULT = "CUDA error: device-side assert triggered (SIMULATED by synthetic.fault_trigger)"
 
 
@@ -45,39 +47,69 @@ class SyntheticBackend:
         self._per_token_s = config.synthetic.per_token_ms / 1000.0 * slowdown
         self._variable = any(-1 in t.dims for t in config.inputs[:1])
         self._first_input = config.inputs[0].name
-        self._outputs = config.outputs
         self._device = torch.device(device)
-        self._fault_trigger = config.synthetic.fault_trigger
-        self._hang_trigger = config.synthetic.hang_trigger
+        # The triggers as an FP32 tensor compares them with its values: rounded to FP32.
+        self._fault_trigger = _fp32(config.synthetic.fault_trigger)
+        self._hang_trigger = _fp32(config.synthetic.hang_trigger)
         self._hang_s = config.synthetic.hang_s
         self._faulted = False
+        # Resolved once, not per forward: each output's name, row width, dims and dtype.
+        self._out = tuple(
+            (t.name, math.prod(t.dims), tuple(t.dims), TORCH_DTYPES[t.datatype]) for t in config.outputs
+        )
+        self._gathers: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Sleep the simulated latency for this batch size, then compute the deterministic outputs."""
         x = inputs[self._first_input]
         rows = x.shape[0]
         tokens = math.prod(x.shape[1:]) if self._variable else 0
-        time.sleep(self._base_s + self._per_item_s * rows + self._per_token_s * rows * tokens)
-        flat = x.reshape(rows, -1).to(torch.float32)
-        if flat.shape[1] and bool((flat[:, 0] == POISON).any()):
-            raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
-        if (
-            self._hang_trigger is not None
-            and flat.shape[1]
-            and bool((flat[:, 0] == self._hang_trigger).any())
-        ):
-            time.sleep(self._hang_s)
-        if self._fault_trigger is not None and flat.shape[1]:
-            self._faulted = self._faulted or bool((flat[:, 0] == self._fault_trigger).any())
+        delay = self._base_s + self._per_item_s * rows + self._per_token_s * rows * tokens
+        if delay > 0:
+            time.sleep(delay)
+        flat = x.reshape(rows, -1)
+        if flat.dtype != torch.float32:
+            flat = flat.to(torch.float32)
+        width_in = flat.shape[1]
+        if width_in:
+            self._check_triggers(flat[:, 0].tolist())
         if self._faulted:
             raise RuntimeError(SIMULATED_FAULT)
         results: dict[str, torch.Tensor] = {}
-        for output in self._outputs:
-            width = math.prod(output.dims)
-            if flat.shape[1] == 0:
+        for name, width, dims, dtype in self._out:
+            if width_in == 0:
                 values = torch.zeros((rows, width), device=self._device)
+            elif width == width_in:  # the gather would pick every column in order
+                values = flat * 2 + 1
             else:
-                index = torch.arange(width, device=flat.device) % flat.shape[1]
-                values = flat[:, index] * 2 + 1
-            results[output.name] = values.reshape(rows, *output.dims).to(TORCH_DTYPES[output.datatype])
+                values = flat[:, self._gather(width, width_in, flat.device)] * 2 + 1
+            if len(dims) != 1:
+                values = values.reshape(rows, *dims)
+            results[name] = values if dtype == torch.float32 else values.to(dtype)
         return results
+
+    def _check_triggers(self, firsts: list[float]) -> None:
+        """React to the markers among the rows' first values (FP32 values as floats, so `in` matches what
+        an FP32 tensor comparison matches)."""
+        if POISON in firsts:
+            raise RuntimeError("synthetic model: poison input (first value = POISON) in this batch")
+        if self._hang_trigger is not None and self._hang_trigger in firsts:
+            time.sleep(self._hang_s)
+        if self._fault_trigger is not None and self._fault_trigger in firsts:
+            self._faulted = True
+
+    def _gather(self, width: int, width_in: int, device: torch.device) -> torch.Tensor:
+        """The columns an output row takes from the input row (tiled or cut), built once per pair of widths
+        (a few: one per output and bucketed input length; the cache is cleared past `_MAX_GATHERS`)."""
+        key = (width, width_in, device)
+        index = self._gathers.get(key)
+        if index is None:
+            if len(self._gathers) >= _MAX_GATHERS:
+                self._gathers.clear()
+            index = self._gathers[key] = torch.arange(width, device=device) % width_in
+        return index
+
+
+def _fp32(value: float | None) -> float | None:
+    """`value` rounded to FP32, as a comparison with an FP32 tensor rounds it."""
+    return None if value is None else float(np.float32(value))

@@ -154,6 +154,46 @@ def test_groups_respect_max_batch_size(executor: Executor) -> None:
         np.testing.assert_array_equal(ok(outcome)["y"], np.full((3, 4), i + 1, np.float32))
 
 
+@pytest.mark.parametrize(
+    ("item_rows", "forwards"),
+    [
+        ([2, 3, 3], [8]),  # exactly max_batch_size: one forward
+        ([2, 3, 3, 1], [8, 1]),  # one row more: the last item starts the next
+        ([7, 1, 1], [8, 1]),
+        ([1] * 9, [8, 1]),
+    ],
+)
+def test_items_of_one_shape_share_a_forward_exactly_up_to_max_batch_size(
+    executor: Executor, item_rows: list[int], forwards: list[int]
+) -> None:
+    backend = RecordingBackend()
+    model = fake_model(synthetic_config(max_batch_size=8), backend)
+    items = [ExecItem(i, {"x": np.full((n, 4), i, np.float32)}) for i, n in enumerate(item_rows)]
+    outcomes = executor.run(model, items)
+    assert [call["x"].shape[0] for call in backend.calls] == forwards
+    for i, (n, outcome) in enumerate(zip(item_rows, outcomes, strict=True)):
+        np.testing.assert_array_equal(ok(outcome)["y"], np.full((n, 4), i + 1, np.float32))
+
+
+@pytest.mark.parametrize(("count", "forwards"), [(8, [(8, 4)]), (9, [(8, 4), (1, 4)])])
+def test_items_of_one_padded_shape_share_a_forward_exactly_up_to_max_batch_cost(
+    executor: Executor, count: int, forwards: list[tuple[int, int]]
+) -> None:
+    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
+    config = synthetic_config(
+        backend="torch_export",
+        synthetic=None,
+        inputs=variable,
+        outputs=[{**variable[0], "name": "y"}],
+        max_batch_size=16,
+        batching={"buckets": {"x": [4, 16]}, "max_batch_cost": 32},
+    )
+    backend = RecordingBackend()
+    items = [ExecItem(i, {"x": np.zeros((1, 2 + i % 2), np.float32)}) for i in range(count)]  # cost 4 a row
+    assert all(o.error is None for o in executor.run(fake_model(config, backend), items))
+    assert [tuple(call["x"].shape) for call in backend.calls] == forwards
+
+
 def test_groups_respect_max_batch_cost_per_padded_shape(executor: Executor) -> None:
     variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
     config = synthetic_config(
