@@ -4,7 +4,7 @@ queue (iomgr), not on a separate EventEngine thread pool.
 grpcio 1.85 by default runs listeners, client connections and endpoints on EventEngine, whose own threads
 read and write the sockets and hand every completion over to the thread grpc.aio polls with. On one core
 shared by a router, a worker and etcd that hand-over is paid on every message: measured on this project's
-2-core machine (docs/performance.md, "gRPC's I/O on the polling thread"), a bare grpc.aio server spent
+2-core machine (docs/performance.md, "The sitting of 2026-12-02"), a bare grpc.aio server spent
 8-10 % less CPU per unary call (`bench/grpc_floor.py --mode aio-gated`) and each end of a bidi stream
 ~17 % less per message pair (`bench/stream_floor.py`) with EventEngine's listener and client turned off,
 which is what `GRPC_EXPERIMENTS` below does. The C core reads the variable once, when the `grpc` module is

@@ -3,10 +3,11 @@ collections less often.
 
 Python's cyclic collector looks at every tracked object the process holds whenever its oldest generation
 is collected. A router holds ~80,000 objects after start-up (gRPC, protobuf descriptors, OpenTelemetry,
-pydantic, its own modules) and a worker ~200,000 (torch), none of which ever becomes garbage. Measured at
-600 req/s on one core (docs/performance.md, "The heap"): each full collection paused the router for ~31 ms
-and the worker for ~35 ms, long enough to push a batch past a 50 ms SLO, and the collector took ~17 µs of
-router CPU per request in all.
+pydantic, its own modules) and a worker ~200,000 (torch), none of which ever becomes garbage. Measured on
+one core at 600-1,000 req/s (docs/performance.md, "The sitting of 2026-12-02"): a full collection paused the
+router for 20-31 ms (the worker's, rarer, ~35 ms), long enough to push a batch past a 50 ms SLO, and the
+collector took ~16 µs of router CPU per request in all; ~6 µs with the settings below, and no pause over
+~4 ms.
 
 So once a process has started (models loaded, ports open) it collects once and freezes what it holds
 (`gc.freeze`: those objects move to a permanent generation the collector no longer scans), and collects

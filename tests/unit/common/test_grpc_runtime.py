@@ -23,9 +23,8 @@ print(json.dumps({"experiments": os.environ.get("GRPC_EXPERIMENTS"), "set_before
 
 def _probe(**env: str) -> dict[str, object]:
     environment = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"} | env
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True, env=environment
-    )
+    command = [sys.executable, "-c", PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True, env=environment)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
