@@ -1,8 +1,8 @@
 """What the garbage collector costs a running router or worker: put this folder on `PYTHONPATH` and set
 `SLUICE_GC_TRACE` to a folder, and every Sluice router and worker process started with that environment
-writes `<role>-<pid>.json` there every two seconds: per generation, the collections, the CPU seconds they
-took (the collecting thread's, start to stop) and the longest one (docs/performance.md, "The sitting of
-2026-12-02").
+writes `<role>-<pid>.json` there every two seconds and when it exits: per generation, the collections,
+the CPU seconds they took (the collecting thread's, start to stop) and the longest one
+(docs/performance.md, "The sitting of 2026-12-02").
 
     PYTHONPATH=bench/gc_trace SLUICE_GC_TRACE=/tmp/gc RESULTS_DIR=/tmp/gc/res \\
         ../shared/peers/sweep.sh sluice 600
@@ -14,6 +14,7 @@ process did, past start-up. Not part of Sluice's own code paths: a measuring aid
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -49,17 +50,23 @@ def _trace(folder: str, role: str, after_s: float) -> None:
         entry["cpu_s"] += took
         entry["longest_s"] = max(entry["longest_s"], took)
 
+    path = os.path.join(folder, f"{role}-{os.getpid()}.json")
+
+    def write() -> None:
+        """The figures so far, replacing the file whole (the periodic writer and the exit may overlap)."""
+        state = {"generations": stats, "threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()}
+        partial = f"{path}.{threading.get_ident()}.tmp"
+        with open(partial, "w", encoding="utf-8") as out:
+            json.dump(state, out)
+        os.replace(partial, path)
+
     def write_every_two_seconds() -> None:
-        path = os.path.join(folder, f"{role}-{os.getpid()}.json")
         while True:
             time.sleep(2.0)
-            with open(path, "w", encoding="utf-8") as out:
-                json.dump(
-                    {"generations": stats, "threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()},
-                    out,
-                )
+            write()
 
     gc.callbacks.append(on_collection)
+    atexit.register(write)  # a process that exits normally leaves its final figures
     threading.Thread(target=write_every_two_seconds, name="gc-trace", daemon=True).start()
 
 

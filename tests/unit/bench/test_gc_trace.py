@@ -13,10 +13,9 @@ import sluice_inference.bench
 
 TRACE_DIR = Path(sluice_inference.bench.__file__).parent / "gc_trace"
 PROGRAM = """
-import gc, time
+import gc
 for _ in range(3):
     gc.collect(2)
-time.sleep(2.5)
 """
 
 
