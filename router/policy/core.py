@@ -36,6 +36,7 @@ import itertools
 import random
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import lru_cache
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
@@ -82,8 +83,15 @@ SHAPES_BUSY_RETRY_S = 0.1
 ITEM_OVERHEAD_BYTES = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
 MAX_CAPPED_LIMITS = 1024
-"""Distinct lane limits the core remembers with its message cap added (registered model versions have a
-handful): past it, it starts afresh."""
+"""Distinct lane limits remembered with a message cap added (registered model versions have a handful),
+least recently used first out."""
+
+
+@lru_cache(maxsize=MAX_CAPPED_LIMITS)
+def with_message_cap(limits: LaneLimits, max_batch_bytes: int) -> LaneLimits:
+    """`limits` with the cluster's message cap: asked per request, built once per distinct limits (a
+    changed registration brings other limits, so another entry)."""
+    return replace(limits, max_batch_bytes=max_batch_bytes)
 
 
 class RouterCore:
@@ -118,8 +126,6 @@ class RouterCore:
             estimates=self.estimates, queues=self.queues, limiter=self.admission.limiter,
         )  # fmt: skip
         self.max_batch_bytes = max_batch_bytes
-        self._capped_limits: dict[LaneLimits, LaneLimits] = {}
-        """Lane limits as requests bring them → with `max_batch_bytes` added (bounded: `_capped`)."""
         self.shapes = ShapeTable() if shapes is None else shapes
         """The lane shapes that hold state (the queues' lanes, limits and statistics, the planner's waits
         and the shape fits are kept only for shapes here)."""
@@ -160,22 +166,12 @@ class RouterCore:
         (inputs, expected outputs, framing) is what batches are cut by to fit the cluster's message limit,
         the core's `max_batch_bytes`, which is added to its limits here."""
         if self.max_batch_bytes is not None:
-            limits = self._capped(limits)
+            limits = with_message_cap(limits, self.max_batch_bytes)
         return QueuedRequest(
             next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant=tenant,
             priority=priority, weight=weight, size_bytes=input_bytes, cost=cost,
             wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
         )  # fmt: skip
-
-    def _capped(self, limits: LaneLimits) -> LaneLimits:
-        """`limits` with the core's `max_batch_bytes`, remembered by their value (asked per request; a
-        model version's limits change rarely, and a changed one is another key)."""
-        capped = self._capped_limits.get(limits)
-        if capped is None:
-            if len(self._capped_limits) >= MAX_CAPPED_LIMITS:
-                self._capped_limits.clear()
-            capped = self._capped_limits[limits] = replace(limits, max_batch_bytes=self.max_batch_bytes)
-        return capped
 
     def arrive(self, now: float, request: QueuedRequest) -> Decision:
         """A validated request: refuse it now, or admit and queue it (evicting less important work) under

@@ -27,7 +27,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from sluice_inference.common.batching import BatchFill, BatchLimits
@@ -48,10 +48,8 @@ class LaneKey(NamedTuple):
 
 
 MAX_REMEMBERED_LIMITS = 1024
-"""Distinct limits `LaneLimits.of` remembers (registered model versions have a handful): past it, it
-starts afresh."""
-_OF: dict[tuple[int, float, int | None], LaneLimits] = {}
-"""`LaneLimits.of` by the record's values: one frozen object per distinct set, not one per request."""
+"""Distinct limits `LaneLimits.of` remembers (registered model versions have a handful), least recently
+used first out."""
 
 
 @dataclass(frozen=True)
@@ -71,19 +69,19 @@ class LaneLimits:
         """A model version's limits as its registration states them (a pure function of the record, so
         the shell builds them with the request; the core adds its message cap in `new_request`). Asked
         per request: records with the same limits share one object, so a changed record gets new ones."""
-        values = (record.max_batch_size, record.max_wait_s, record.max_batch_cost)
-        limits = _OF.get(values)
-        if limits is None:
-            if len(_OF) >= MAX_REMEMBERED_LIMITS:
-                _OF.clear()
-            limits = _OF[values] = cls(*values)
-        return limits
+        return _shared_limits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
 
     @cached_property
     def batch(self) -> BatchLimits:
         """These limits as the batching rule takes them (common/batching.py); built once (asked per
         batch), which a frozen object allows."""
         return BatchLimits(self.max_batch_size, self.max_batch_cost, self.max_batch_bytes)
+
+
+@lru_cache(maxsize=MAX_REMEMBERED_LIMITS)
+def _shared_limits(max_batch_size: int, max_wait_s: float, max_batch_cost: int | None) -> LaneLimits:
+    """One frozen `LaneLimits` per distinct set of values, not one per request (`LaneLimits.of`)."""
+    return LaneLimits(max_batch_size, max_wait_s, max_batch_cost)
 
 
 @dataclass(eq=False, slots=True)

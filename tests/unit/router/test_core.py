@@ -27,6 +27,7 @@ from sluice_inference.router.policy.core import (
     MAX_CAPPED_LIMITS,
     RouterCore,
     version_to_serve,
+    with_message_cap,
 )
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
@@ -234,7 +235,7 @@ def test_the_limits_with_the_message_cap_are_remembered_boundedly() -> None:
             limits=LaneLimits(size, 0.0),
         )  # fmt: skip
         assert made.limits == LaneLimits(size, 0.0, None, 10_000)
-    assert len(core._capped_limits) <= MAX_CAPPED_LIMITS
+    assert with_message_cap.cache_info().currsize <= MAX_CAPPED_LIMITS
 
 
 class _BrokenBatcher(TimerBatcher):

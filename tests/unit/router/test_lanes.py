@@ -138,7 +138,7 @@ def test_limits_of_a_record_are_shared_follow_a_changed_record_and_stay_bounded(
     assert LaneLimits.of(_record(8, max_wait_s=0.005)) == LaneLimits(8, 0.005)
     for size in range(1, MAX_REMEMBERED_LIMITS + 2):
         assert LaneLimits.of(_record(size)) == LaneLimits(size, 0.002)
-    assert len(lanes_module._OF) <= MAX_REMEMBERED_LIMITS
+    assert lanes_module._shared_limits.cache_info().currsize <= MAX_REMEMBERED_LIMITS
 
 
 def test_batch_limits_are_built_once_per_lane_limits() -> None:
