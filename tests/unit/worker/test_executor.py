@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,19 +176,24 @@ def test_items_of_one_shape_share_a_forward_exactly_up_to_max_batch_size(
         np.testing.assert_array_equal(ok(outcome)["y"], np.full((n, 4), i + 1, np.float32))
 
 
-@pytest.mark.parametrize(("count", "forwards"), [(8, [(8, 4)]), (9, [(8, 4), (1, 4)])])
-def test_items_of_one_padded_shape_share_a_forward_exactly_up_to_max_batch_cost(
-    executor: Executor, count: int, forwards: list[tuple[int, int]]
-) -> None:
+def _bucketed_config(**overrides: Any) -> dict[str, Any]:
+    """One variable FP32 input `x` bucketed to 4 or 16 (a row costs its bucket), max_batch_cost 32."""
     variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
-    config = synthetic_config(
+    return synthetic_config(
         backend="torch_export",
         synthetic=None,
         inputs=variable,
         outputs=[{**variable[0], "name": "y"}],
-        max_batch_size=16,
         batching={"buckets": {"x": [4, 16]}, "max_batch_cost": 32},
+        **overrides,
     )
+
+
+@pytest.mark.parametrize(("count", "forwards"), [(8, [(8, 4)]), (9, [(8, 4), (1, 4)])])
+def test_items_of_one_padded_shape_share_a_forward_exactly_up_to_max_batch_cost(
+    executor: Executor, count: int, forwards: list[tuple[int, int]]
+) -> None:
+    config = _bucketed_config(max_batch_size=16)
     backend = RecordingBackend()
     items = [ExecItem(i, {"x": np.zeros((1, 2 + i % 2), np.float32)}) for i in range(count)]  # cost 4 a row
     assert all(o.error is None for o in executor.run(fake_model(config, backend), items))
@@ -195,14 +201,7 @@ def test_items_of_one_padded_shape_share_a_forward_exactly_up_to_max_batch_cost(
 
 
 def test_groups_respect_max_batch_cost_per_padded_shape(executor: Executor) -> None:
-    variable = [{"name": "x", "datatype": "FP32", "dims": [-1]}]
-    config = synthetic_config(
-        backend="torch_export",
-        synthetic=None,
-        inputs=variable,
-        outputs=[{**variable[0], "name": "y"}],
-        batching={"buckets": {"x": [4, 16]}, "max_batch_cost": 32},
-    )
+    config = _bucketed_config()
     backend = RecordingBackend()
     lengths = [3, 10, 3, 10, 3, 10, 3, 3]  # bucket 4 costs 4 a row (8 rows fit), bucket 16 costs 16 (2)
     items = [ExecItem(i, {"x": np.zeros((1, n), np.float32)}) for i, n in enumerate(lengths)]
