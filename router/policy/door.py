@@ -17,12 +17,12 @@ measured delay (the calls already queued when the door closed still arrive late 
 to each of their samples closed the door far past the point of relief and halved goodput at 1.4x the router's
 saturation), and grows back additively with every sample below half of it, until all are admitted again (AIMD,
 as TCP does for the same problem: find the rate a shared resource sustains without measuring it directly,
-cutting at most once per round trip). For a few seconds after it has opened fully, a late sample closes it
-again at once. Refusals are spread evenly (a credit counter, not a coin: the admitted rate is smooth) and
-carry UNAVAILABLE with a retry hint. A refusal costs gRPC's per-call work and this check: about 1.3x a bare
-grpc.aio server's refusal, half of what the router spends serving a request and a quarter of what the
-router and the worker spend together (docs/performance.md), which is what keeps some goodput past the
-router's own saturation.
+cutting at most once per round trip). For a few seconds after it has opened fully, a delay that stays above
+the bound for a tenth of a second closes it again, not the whole sustain time. Refusals are spread evenly (a
+credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a retry hint. A refusal
+costs gRPC's per-call work and this check: about 1.3x a bare grpc.aio server's refusal, half of what the
+router spends serving a request and a quarter of what the router and the worker spend together
+(docs/performance.md), which is what keeps some goodput past the router's own saturation.
 
 Tenant-aware: the fraction is the share of all new requests the router can take; who gets it goes by the
 calling tenant's priority level (its `default_priority`; 1 is the highest), known from the API key in the
@@ -61,9 +61,14 @@ HOLD_MAX_S = 0.1
 """The longest wait between two cuts: a delay of seconds (a queue built before the door closed) must not
 leave the door as open as it was for seconds."""
 REARM_S = 5.0
-"""After the door has opened fully, for this long a late sample closes it again at once, without the
-sustain wait: the load that closed it is most likely still there, and waiting `sustain_s` again lets a
-queue of that length build before every close."""
+"""After the door has opened fully, for this long a delay above the bound closes it again once it has
+lasted `REARM_SUSTAIN_S`, not `sustain_s`: the load that closed it is most likely still there, and waiting
+`sustain_s` again lets a queue of that length build before every close."""
+REARM_SUSTAIN_S = 0.1
+"""How long the delay must stay above the bound to close a door that opened fully less than `REARM_S`
+ago: the interval of CoDel's rule (a queue that has not drained within it is standing). Closing on a
+single late sample made a router near its capacity, where an occasional call waits past the bound and the
+next one does not, refuse 5-10 % of a load it could serve (docs/performance.md)."""
 RETRY_AFTER_S = 0.1
 """The retry hint of a refusal: about the time the fraction takes to recover by a tenth."""
 MEMORY = 0.7
@@ -135,8 +140,8 @@ class Door:
         if delay_s > self.max_delay_s:
             if not self.engaged:
                 self._above_since = now if self._above_since is None else self._above_since
-                recently_open = now - self._opened_at < REARM_S
-                if now - self._above_since < self.sustain_s and not recently_open and top is None:
+                sustain = REARM_SUSTAIN_S if now - self._opened_at < REARM_S else self.sustain_s
+                if now - self._above_since < min(sustain, self.sustain_s) and top is None:
                     return
                 self.engaged = True
             if now >= self._hold_until:

@@ -1,15 +1,24 @@
 """The front door's control law: it admits everything while calls reach the router promptly, and also
 through a burst shorter than the sustain time; once the wait has stayed above the bound that long it
 shrinks the admitted fraction at most once per measured delay, spreads refusals evenly, never refuses
-everything, recovers additively until it admits everything again, and closes again at once if the wait
-comes back soon after; and it hands what it admits out by priority level, highest first, so a gold tenant
+everything, recovers additively until it admits everything again, and closes again once the wait has
+stayed above the bound for a tenth of a second if it comes back soon after (a single late sample then is
+served); and it hands what it admits out by priority level, highest first, so a gold tenant
 keeps its requests while bronze absorbs the refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from sluice_inference.router.policy.door import DECREASE, HOLD_MAX_S, INCREASE, MIN_FRACTION, REARM_S, Door
+from sluice_inference.router.policy.door import (
+    DECREASE,
+    HOLD_MAX_S,
+    INCREASE,
+    MIN_FRACTION,
+    REARM_S,
+    REARM_SUSTAIN_S,
+    Door,
+)
 
 BOUND, SUSTAIN = 0.020, 1.0
 GOLD, SILVER, BRONZE = 1, 2, 3
@@ -83,19 +92,28 @@ def test_a_delay_of_seconds_still_lets_the_door_cut_every_hold_max() -> None:
     assert DECREASE ** (cuts + 1) <= door.fraction <= DECREASE**cuts
 
 
-def test_soon_after_opening_a_late_sample_closes_the_door_at_once_later_the_sustain_applies_again() -> None:
+def test_soon_after_opening_a_wait_that_lasts_closes_the_door_quickly_later_the_sustain_applies_again() -> (
+    None
+):
     door = Door(BOUND, SUSTAIN, fraction=1.0 - INCREASE, engaged=True)
     door.observe(0.001, 0.0)
     assert door.fraction == 1.0 and not door.engaged
-    door.observe(0.100, REARM_S - 0.1)
+    door.observe(0.100, 1.0)  # one late call near capacity: served, not a reason to close
+    door.observe(0.001, 1.05)
+    assert not door.engaged and admitted(door, 50) == 50
+    late = REARM_S - 0.5
+    door.observe(0.100, late)
+    door.observe(0.100, late + REARM_SUSTAIN_S / 2)
+    assert not door.engaged
+    door.observe(0.100, late + REARM_SUSTAIN_S + 0.01)  # the wait has lasted: a standing queue, not a burst
     assert door.engaged and door.fraction == DECREASE
-    door.observe(0.001, REARM_S)
     for step in range(10):
         door.observe(0.001, REARM_S + 0.05 * (step + 1))
     assert not door.engaged
     opened = REARM_S + 0.5
     late_for_from = opened + REARM_S + 0.1
-    door.observe(0.100, late_for_from)  # the re-arm has lapsed: a burst is served again
+    for step in range(5):  # the re-arm has lapsed: a burst shorter than the sustain is served again
+        door.observe(0.100, late_for_from + step * REARM_SUSTAIN_S)
     assert not door.engaged and admitted(door, 50) == 50
 
 
