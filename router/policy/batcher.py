@@ -35,12 +35,14 @@ behind a balancer, each sees about 1/N of the traffic and shares every worker wi
   of the time: each batch costs the host its per-batch work (the router's cut, frame and answer, and on a
   shared host the worker's message handling and a small-batch forward), so a one-row batch cut because the
   worker is idle spends the CPU the next arrivals need. From `PRESSED` up, the lane holds its oldest
-  request up to a share of the lane's `max_wait` that grows to all of it at `SATURATED` (unless the batch
-  is full or a budget forces the cut); below `PRESSED` nothing changes, so latency at low load does not.
-  The hold is bounded by the model's own `max_wait` (the batching delay its owner accepts; 0 turns it off)
-  and lowers the pressure it reacts to: the loop settles where the two meet. Measured on one core shared
+  request up to a share of `hold_factor` times the lane's `max_wait` that grows to all of it at
+  `SATURATED` (unless the batch is full or a budget forces the cut); below `PRESSED` nothing changes, so
+  latency at low load does not. Past `max_wait` (`hold_factor` > 1, `router.pressure_hold_factor`) only
+  near saturation: the router's CPU is then the busy resource, as a busy worker is in the hold above, and
+  its calls already wait for it before its code runs; a model's `max_wait` of 0 turns the hold off. The
+  hold lowers the pressure it reacts to: the loop settles where the two meet. Measured on one core shared
   by router and worker (docs/performance.md): the rate held within the SLO and goodput under overload
-  both rose with it.
+  both rose with it, and again when the hold could reach three times `max_wait`.
 Under overload n* is the full batch, which maximises throughput; when idle n* = 1, which minimises latency.
 """
 
@@ -88,12 +90,14 @@ class HostCost:
     """Rows per second reaching the router, all lanes together."""
     pressure: float = 0.0
     """Share of the time the router's event loop runs or waits to run, 0..1 (the shell measures it)."""
+    hold_factor: float = 1.0
+    """How many times its `max_wait` a lane holds at `SATURATED` (`router.pressure_hold_factor`)."""
 
     def hold_s(self, max_wait_s: float) -> float:
         """How long a lane holds its oldest request for a fuller batch at this pressure: none below
-        `PRESSED`, growing linearly to `max_wait_s` at `SATURATED`."""
+        `PRESSED`, growing linearly to `hold_factor` times `max_wait_s` at `SATURATED`."""
         share = (self.pressure - PRESSED) / (SATURATED - PRESSED)
-        return max_wait_s * min(1.0, share) if share > 0.0 else 0.0
+        return max_wait_s * self.hold_factor * min(1.0, share) if share > 0.0 else 0.0
 
 
 NO_HOST_COST = HostCost()

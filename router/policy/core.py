@@ -376,7 +376,10 @@ class RouterCore:
         the pressure is high, a lane holds for a fuller batch instead of cutting for an idle worker
         (batcher.py): batches fill because the router's CPU is short, never at low load. Raises ValueError
         for a cost outside 0..`MAX_HOST_S` or a pressure outside 0..1 (planner.py)."""
-        self.planner.set_host(HostCost(batch_s, row_s, constrained, pressure=pressure))
+        host = HostCost(
+            batch_s, row_s, constrained, pressure=pressure, hold_factor=self.settings.pressure_hold_factor
+        )
+        self.planner.set_host(host)
         return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------

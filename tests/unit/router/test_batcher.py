@@ -131,6 +131,27 @@ def test_cpu_pressure_holds_a_batch_for_a_share_of_its_max_wait(pressure: float,
     assert HostCost(pressure=pressure).hold_s(0.01) == pytest.approx(hold)
 
 
+@pytest.mark.parametrize(("pressure", "hold"), [(0.5, 0.0), (0.7, 0.015), (0.9, 0.03), (1.0, 0.03)])
+def test_a_hold_factor_stretches_the_hold_past_max_wait_only_as_the_pressure_nears_saturation(
+    pressure: float, hold: float
+) -> None:
+    assert HostCost(pressure=pressure, hold_factor=3.0).hold_s(0.01) == pytest.approx(hold)
+    assert HostCost(pressure=pressure, hold_factor=3.0).hold_s(0.0) == 0.0  # batching off stays off
+
+
+def test_a_saturated_router_holds_a_lane_past_its_max_wait_until_the_batch_is_full() -> None:
+    def ctx(factor: float) -> BatchContext:
+        host = HostCost(pressure=0.9, hold_factor=factor)
+        return BatchContext(10.01, True, linear(0.010, 0.001), 8, stats_at_rate(1000, 10.01), host=host)
+
+    lane = lane_with([10.0 + i * 0.001 for i in range(10)], max_batch=32, max_wait=0.005)
+    assert isinstance(AdaptiveBatcher().decide(lane, ctx(1.0)), Cut)  # held max_wait: cut for the idle worker
+    held = AdaptiveBatcher().decide(lane, ctx(3.0))  # 3 x max_wait from the oldest, for up to a full batch
+    assert isinstance(held, WakeAt) and held.when == pytest.approx(10.015) and held.rows == 32
+    full = lane_with([10.0 + i * 0.0003 for i in range(32)], max_batch=32, max_wait=0.005)
+    assert AdaptiveBatcher().decide(full, ctx(3.0)) == Cut("full")
+
+
 def test_an_idle_worker_is_no_reason_to_cut_while_the_routers_loop_is_short_of_cpu() -> None:
     lane = lane_with([10.0], max_batch=32, max_wait=0.01)
     batcher = AdaptiveBatcher()

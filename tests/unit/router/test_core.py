@@ -275,7 +275,8 @@ def test_the_batcher_sees_the_host_cost_with_the_routers_arrival_rate_only_while
     assert batcher.contexts[-1].host == NO_HOST_COST
     core.host_load(0.5, batch_s=0.002, row_s=0.0005, constrained=False, pressure=0.0)
     core.arrive(0.5, request(0.5))  # the worker now holds a batch: this one waits in the lane
-    assert batcher.contexts[-1].host == HostCost(0.002, 0.0005, False, 0.0)  # no rate: it is not used
+    factor = core.settings.pressure_hold_factor
+    assert batcher.contexts[-1].host == HostCost(0.002, 0.0005, False, 0.0, hold_factor=factor)  # no rate
     # its tick decides for the lane
     core.host_load(1.0, batch_s=0.002, row_s=0.0005, constrained=True, pressure=0.0)
     assert len(batcher.contexts) == 3
