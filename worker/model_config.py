@@ -130,7 +130,10 @@ class BatchingConfig(_Strict):
     """How requests for this model are combined into batches."""
 
     max_wait_ms: float = Field(default=2.0, ge=0)
-    """Longest a queued request waits for a fuller batch, in milliseconds."""
+    """Longest a queued request waits for a fuller batch while the pipeline behind the batcher is free, in
+    milliseconds (Triton's `max_queue_delay_microseconds`). A busy worker, or a router whose own CPU is
+    saturated, holds batches longer (up to `router.pressure_hold_factor` times this: docs/batching.md); 0
+    never waits for more."""
     buckets: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     """Per variable-dim input: the padded lengths batches are formed at (strictly increasing); the largest
     bucket is also the longest length the model accepts."""
