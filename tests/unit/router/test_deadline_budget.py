@@ -60,6 +60,12 @@ def test_admission_refuses_terminally_only_below_the_best_case() -> None:
     queued = refusal(0.6)  # 0.4 s left < 0.2 + 0.3
     assert queued is not None and (queued.reason, queued.retry_after_s) == ("deadline_unmeetable_now", 0.3)
     assert refusal(0.4) is None  # 0.6 s left covers both
+    saturated = BUDGET.admission_refusal(
+        deadline=1.0, arrival=0.0, now=0.9, best=1.5, execution=0.2, wait=0.3, rows=1, terminal=False
+    )  # the router's own queue may have spent the budget: retryable, hinted like any other
+    assert saturated is not None and (saturated.code, saturated.reason) == (
+        Code.UNAVAILABLE, "deadline_unmeetable_now",
+    )  # fmt: skip
 
 
 def test_the_latest_start_keeps_two_full_batches_and_a_reserve_unless_only_now_will_do() -> None:
