@@ -62,9 +62,9 @@ class AdmissionController:
             floor=settings.share_floor,
             max_routers=settings.max_routers,
         )
-        self.router_saturated = False
-        """The router's own CPU is saturated (`RouterCore.host_load`): no deadline refusal is terminal then
-        (`DeadlineBudget.admission_refusal`)."""
+        self.router_pressed = False
+        """The router's own CPU is short (`RouterCore.host_load`: pressure above 0.5, or calls wait for its
+        code): no deadline refusal is terminal then (`DeadlineBudget.admission_refusal`)."""
 
     def set_tenants(self, tenants: dict[str, TenantSettings], now: float) -> None:
         """Apply reloaded tenant quotas (config reload or etcd `tenants/` overrides)."""
@@ -143,7 +143,7 @@ class AdmissionController:
             wait = self.queue_wait_seconds(request, backlog, full, limits.max_batch_size)
             refusal = budget.admission_refusal(
                 deadline=request.deadline, arrival=request.arrival, now=now, best=best, execution=execution,
-                wait=wait, rows=request.rows, terminal=not self.router_saturated,
+                wait=wait, rows=request.rows, terminal=not self.router_pressed,
             )  # fmt: skip
         except BaseException:
             self.limiter.release(tenant)

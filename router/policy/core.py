@@ -46,7 +46,7 @@ from sluice_inference.common.errors import (
 )
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
 from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog
-from sluice_inference.router.policy.batcher import SATURATED, AdaptiveBatcher, Batcher, HostCost, TimerBatcher
+from sluice_inference.router.policy.batcher import PRESSED, AdaptiveBatcher, Batcher, HostCost, TimerBatcher
 from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.core_view import CoreView
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
@@ -375,13 +375,13 @@ class RouterCore:
         is constrained, the adaptive batcher's target is at least the batch the router keeps up with; while
         the pressure is high, a lane holds for a fuller batch instead of cutting for an idle worker
         (batcher.py): batches fill because the router's CPU is short, never at low load. While it is
-        constrained or saturated, no deadline refusal is terminal (deadline_budget.py). Raises ValueError
+        constrained or pressed, no deadline refusal is terminal (deadline_budget.py). Raises ValueError
         for a cost outside 0..`MAX_HOST_S` or a pressure outside 0..1 (planner.py)."""
         host = HostCost(
             batch_s, row_s, constrained, pressure=pressure, hold_factor=self.settings.pressure_hold_factor
         )
         self.planner.set_host(host)
-        self.admission.router_saturated = constrained or pressure >= SATURATED
+        self.admission.router_pressed = constrained or pressure > PRESSED
         return self.tick(now)
 
     # -- time -------------------------------------------------------------------------------------------

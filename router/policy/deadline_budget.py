@@ -51,8 +51,8 @@ BUDGET_TABLE = f"""\
 | arrival (`expired_on_arrival`) | D ≤ T | none | DEADLINE_EXCEEDED `expired_on_arrival` |
 | idempotency wait | a call whose key names one still running waits for it until D at most | none | \
 DEADLINE_EXCEEDED `idempotency_wait` |
-| admission (`admission_refusal`) | D - A < best(n), unless the router's CPU is saturated | none | \
-INVALID_ARGUMENT `deadline_too_short` (saturated: the retryable refusal below) |
+| admission (`admission_refusal`) | D - A < best(n), unless the router's CPU is short | none | \
+INVALID_ARGUMENT `deadline_too_short` (CPU short: the retryable refusal below) |
 | admission (`admission_refusal`) | D - T < t(n)·m, or < t(n)·m + queue wait | m = \
 `admission.estimate_margin` | UNAVAILABLE `deadline_unmeetable_now` |
 | latest start (`latest_start`) | L = D - {BATCHES_AHEAD}·t(full)·m - max({MIN_RESERVE_S * 1000:g} ms, \
@@ -122,7 +122,7 @@ class DeadlineBudget:
     ) -> SluiceError | None:
         """Why admission refuses a request now, if it does: a budget no load could meet (terminal), or one
         the current state cannot (retryable, hinted by the wait). `execution` is with its margin.
-        `terminal` False (the router's CPU is saturated): a call then waits in gRPC's queue before the
+        `terminal` False (the router's CPU is short): a call may then wait in gRPC's queue before the
         router's code runs, a wait its transport deadline already paid and `arrival` does not see, so a
         short budget may be the router's doing and is refused as retryable, never as the client's error
         (at 1,400 req/s with 50 ms deadlines, ~1 % of calls came in with under 3 ms left)."""
