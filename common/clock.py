@@ -158,3 +158,37 @@ async def wait_until(clock: Clock, waiting: Collection[asyncio.Future[Any]], whe
         timer.cancel()
         woken.cancel()
     return any(f.done() for f in waiting)
+
+
+async def cancel_until_done(
+    clock: Clock, tasks: Collection[asyncio.Task[Any]], within_s: float, recancel_s: float
+) -> set[asyncio.Task[Any]]:
+    """Cancel `tasks` and wait until each has ended, cancelling again every `recancel_s` those that have
+    not, for at most `within_s`; return those still running then, left behind (their outcome is read when
+    they end, so nothing is logged as never retrieved).
+
+    A cancel can be swallowed: aetcd's watcher catches `CancelledError` around an await of its own
+    (`Watcher._terminate_stream`), so a watch task cancelled right there goes on, and a router's stop once
+    waited past its 5 s step for one. `recancel_s` should exceed what the tasks do when cancelled (a second
+    cancel cuts that short). Never raises the tasks' outcome; a cancellation of the caller is not
+    swallowed."""
+    deadline = clock.now() + within_s
+    pending = {task for task in tasks if not task.done()}
+    while pending and clock.now() < deadline:
+        for task in pending:
+            task.cancel()
+        step = min(deadline, clock.now() + recancel_s)
+        while pending and clock.now() < step:
+            await wait_until(clock, pending, step)
+            pending = {task for task in pending if not task.done()}
+    for task in tasks:
+        if task.done():
+            _read_outcome(task)
+        else:
+            task.add_done_callback(_read_outcome)
+    return pending
+
+
+def _read_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

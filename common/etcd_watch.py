@@ -20,14 +20,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
 import aetcd.exceptions
 
-from sluice_inference.common.clock import Clock
+from sluice_inference.common.clock import Clock, cancel_until_done
 from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import (
     ETCD_ERRORS,
@@ -50,6 +50,12 @@ megabytes on every change."""
 WATCH_CLOSE_TIMEOUT_S = 1.0
 """Bound on cancelling a watch when it is dropped: aetcd's close waits for etcd, and an unbounded one held a
 router's stop past its 5 s step on a loaded machine (the client is closed next, within its own bound)."""
+WATCH_STOP_S = 4.0
+"""How long `stop_watch_tasks` waits for the tasks of a process's watches to end: under a router's 5 s stop
+step."""
+WATCH_RECANCEL_S = 1.5
+"""How long a cancelled watch task gets to wind down before it is cancelled again: over
+`WATCH_CLOSE_TIMEOUT_S`, the bound on what it closes as it ends."""
 LOG_INTERVAL_S = 10.0
 """At most one log line per watch and interval about skipped values or a failing consumer."""
 
@@ -230,3 +236,12 @@ def _within_limit(snapshot: dict[str, bytes], health: WatchHealth, throttle: Log
             health.name, len(snapshot) - len(kept), MAX_VALUE_BYTES,
         )  # fmt: skip
     return kept
+
+
+async def stop_watch_tasks(clock: Clock, tasks: Collection[asyncio.Task[Any]], what: str) -> None:
+    """Cancel the tasks that follow `what`'s watches until they end (`cancel_until_done`: aetcd can swallow
+    a cancel), for at most `WATCH_STOP_S`; one still running then is left behind, logged."""
+    left = await cancel_until_done(clock, tasks, WATCH_STOP_S, WATCH_RECANCEL_S)
+    if left:
+        names = ", ".join(sorted(task.get_name() for task in left))
+        logger.warning("%s: %s did not stop within %.1f s; left behind", what, names, WATCH_STOP_S)

@@ -25,7 +25,7 @@ from sluice_inference.common.clock import Clock
 from sluice_inference.common.cluster_auth import ClusterClient
 from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import WORKERS
-from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix
+from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix, stop_watch_tasks
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import WorkerRecord
 from sluice_inference.router.driver import Driver
@@ -71,9 +71,7 @@ class Membership:
     async def stop(self) -> None:
         """Stop watching and close every stream."""
         tasks = [t for t in (self._watch, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_watch_tasks(self._clock, tasks, "membership")
         for worker_id in self._links.ids():
             link = self._links.pop(worker_id)
             if link is not None:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from sluice_inference.common.clock import Clock
 from sluice_inference.common.config import EtcdSettings, TenantSettings
 from sluice_inference.common.etcd import ROUTERS, TENANTS, LeasedKey
-from sluice_inference.common.etcd_watch import WatchHealth, decode_json_value, follow_prefix
+from sluice_inference.common.etcd_watch import WatchHealth, decode_json_value, follow_prefix, stop_watch_tasks
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand
@@ -149,10 +149,8 @@ class PeerView:
         ]
 
     async def stop(self) -> None:
-        """Stop following."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Stop following (`stop_watch_tasks`: bounded, whatever a task does with its cancel)."""
+        await stop_watch_tasks(self._clock, self._tasks, "peers")
 
     async def _follow(
         self, folder: str, apply: Callable[[dict[str, bytes]], None], health: WatchHealth

@@ -4,8 +4,15 @@ real time passing, and the monotonic clock maps them onto the event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from sluice_inference.common.clock import FakeClock, MonotonicClock, sleep_until, wait_until
+from sluice_inference.common.clock import (
+    FakeClock,
+    MonotonicClock,
+    cancel_until_done,
+    sleep_until,
+    wait_until,
+)
 
 
 async def settle() -> None:
@@ -69,3 +76,33 @@ async def test_the_monotonic_clock_uses_the_loop_timers_on_its_own_scale() -> No
     assert await wait_until(clock, {asyncio.ensure_future(fired.wait())}, started + 1.0)
     assert clock.now() - started < 1.0
     await clock.sleep(0.0)
+
+
+async def test_cancel_until_done_cancels_a_swallowed_cancel_again_and_bounds_a_task_that_never_ends() -> None:
+    clock = FakeClock(0.0)
+    release = asyncio.Event()
+
+    async def swallows_one() -> None:  # as aetcd's watcher does around an await of its own
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        await asyncio.Event().wait()  # a second cancel ends it
+
+    async def never_ends() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    stubborn, hopeless = asyncio.create_task(swallows_one()), asyncio.create_task(never_ends())
+    quick = asyncio.create_task(asyncio.Event().wait())
+    await settle()
+    stopping = asyncio.create_task(cancel_until_done(clock, [stubborn, hopeless, quick], 4.0, 1.5))
+    await settle()
+    assert quick.cancelled() and not stubborn.done()
+    clock.advance(1.5)  # the second round of cancels
+    await settle()
+    assert stubborn.cancelled() and not stopping.done()
+    clock.advance(2.5)
+    assert await stopping == {hopeless}  # left behind, not waited for past the bound
+    release.set()
+    await settle()
+    assert hopeless.done()
