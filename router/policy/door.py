@@ -140,8 +140,9 @@ class Door:
         if delay_s > self.max_delay_s:
             if not self.engaged:
                 self._above_since = now if self._above_since is None else self._above_since
-                sustain = REARM_SUSTAIN_S if now - self._opened_at < REARM_S else self.sustain_s
-                if now - self._above_since < min(sustain, self.sustain_s) and top is None:
+                recently_open = now - self._opened_at < REARM_S
+                sustain = min(REARM_SUSTAIN_S, self.sustain_s) if recently_open else self.sustain_s
+                if now - self._above_since < sustain and top is None:
                     return
                 self.engaged = True
             if now >= self._hold_until:

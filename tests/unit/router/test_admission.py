@@ -62,7 +62,7 @@ def test_deadline_spent_waiting_in_the_router_is_retryable() -> None:
     assert "45.0 ms spent in the router" in error.message
 
 
-def test_a_short_budget_is_retryable_while_the_routers_cpu_is_saturated() -> None:
+def test_a_short_budget_is_retryable_while_the_routers_cpu_is_short() -> None:
     core = make_core()
     join_warmed(core)
     core.host_load(0.0, batch_s=0.0, row_s=0.0, constrained=False, pressure=0.9)
@@ -72,7 +72,7 @@ def test_a_short_budget_is_retryable_while_the_routers_cpu_is_saturated() -> Non
     error = refusal(core.arrive(0.0, short), short)
     assert (error.code.name, error.reason) == ("UNAVAILABLE", "deadline_unmeetable_now")
     assert error.retryable
-    core.host_load(0.1, batch_s=0.0, row_s=0.0, constrained=False, pressure=0.5)  # no longer saturated
+    core.host_load(0.1, batch_s=0.0, row_s=0.0, constrained=False, pressure=0.5)  # the CPU no longer short
     again = request(0.1, timeout=0.010)
     error = refusal(core.arrive(0.1, again), again)
     assert (error.code.name, error.reason) == ("INVALID_ARGUMENT", "deadline_too_short")
