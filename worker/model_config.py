@@ -245,6 +245,11 @@ class ModelConfig(_Strict):
     """Simulated latency profile; required for the synthetic backend, forbidden otherwise."""
     warmup_batch_sizes: tuple[int, ...] | None = None
     """Batch sizes run once before the model is reported ready (default: 1 and max_batch_size)."""
+    freeze: bool = True
+    """torchscript only: run the module frozen for inference (`torch.jit.freeze`, then
+    `torch.jit.optimize_for_inference`: weights become constants, linear layers get their weights
+    transposed once instead of on every forward). A module torch cannot freeze is served as loaded (the
+    worker logs why); false serves every module as loaded."""
 
     @field_validator("name")
     @classmethod

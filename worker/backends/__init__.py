@@ -66,7 +66,9 @@ def _load(spec: ModelVersionSpec, artifact: Path, device: str) -> Backend:
     if config.backend == "torch_export":
         return TorchExportBackend(artifact, device, outputs)
     if config.backend == "torchscript":
-        return TorchScriptBackend(artifact, device, inputs, outputs, config.batching.mask_input)
+        return TorchScriptBackend(
+            artifact, device, inputs, outputs, config.batching.mask_input, freeze=config.freeze
+        )
     from sluice_inference.worker.backends.onnx_runtime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(artifact, device, config)

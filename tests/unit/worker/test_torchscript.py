@@ -79,3 +79,60 @@ def test_a_config_that_does_not_fit_names_the_real_signature(
     assert message in str(info.value)
     assert "forward(a: Tensor, b: Tensor)" in str(info.value)
     assert str(tmp_path / "ts" / "1" / "model.pt") in str(info.value)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = torch.nn.Linear(4, 16)
+        self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(torch.relu(self.hidden(x)))
+        return out
+
+
+def _mlp_repository(root: Path, **config: Any) -> Path:
+    """A repository with one scripted MLP `mlp` (x FP32[4] → y FP32[3]); returns its artifact."""
+    y = {"name": "y", "datatype": "FP32", "dims": [3]}
+    settings = synthetic_config("mlp", backend="torchscript", synthetic=None, outputs=[y], **config)
+    folder = write_model(root, settings)
+    torch.manual_seed(0)
+    artifact = folder / "1" / "model.pt"
+    torch.jit.save(torch.jit.script(Mlp()), str(artifact))
+    return artifact
+
+
+def test_a_module_runs_frozen_for_inference_and_answers_as_loaded(tmp_path: Path, executor: Executor) -> None:
+    artifact = _mlp_repository(tmp_path)
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    model = executor.load(scan_repository(tmp_path)[0])
+    assert getattr(model.backend, "frozen", None) is True
+    outcomes = executor.run(model, [ExecItem(i, {"x": x[i : i + 1]}) for i in range(5)])
+    with torch.inference_mode():
+        expected = torch.jit.load(str(artifact)).eval()(torch.from_numpy(x)).numpy()  # type: ignore[no-untyped-call]
+    got = np.concatenate([o.outputs["y"] for o in outcomes if o.outputs is not None])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_freeze_false_serves_the_module_as_loaded(tmp_path: Path, executor: Executor) -> None:
+    _mlp_repository(tmp_path, freeze=False)
+    model = executor.load(scan_repository(tmp_path)[0])
+    assert getattr(model.backend, "frozen", None) is False
+
+
+def test_a_module_torch_cannot_freeze_is_served_as_loaded(
+    tmp_path: Path, executor: Executor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    artifact = _mlp_repository(tmp_path)
+
+    def cannot(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+        raise RuntimeError("freezing is not supported for this module")
+
+    monkeypatch.setattr(torch.jit, "freeze", cannot)
+    model = executor.load(scan_repository(tmp_path)[0])
+    assert getattr(model.backend, "frozen", None) is False
+    assert f"serving {artifact} as loaded" in caplog.text
+    [outcome] = executor.run(model, [ExecItem(0, {"x": np.ones((1, 4), np.float32)})])
+    assert outcome.error is None and outcome.outputs is not None
+    assert outcome.outputs["y"].shape == (1, 3)
