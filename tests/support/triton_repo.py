@@ -101,7 +101,9 @@ def write_triton_repository(root: Path) -> Path:
 
 
 def reference(root: Path, model: str, version: int, x: np.ndarray) -> np.ndarray:
-    """What the artifact answers for `x` (one batch) run in-process outside Sluice, on one thread."""
+    """What the artifact answers for `x` (one batch) run in-process outside Sluice, on one thread, the way
+    its backend runs it by default: ONNX Runtime's default graph optimizations, a TorchScript module frozen
+    for inference (docs/models.md)."""
     torch.set_num_threads(1)
     artifact = root / model / str(version)
     if model == "onnx_mlp":
@@ -114,7 +116,8 @@ def reference(root: Path, model: str, version: int, x: np.ndarray) -> np.ndarray
         )
         result: np.ndarray = session.run(None, {"input": x})[0]
         return result
-    module = torch.jit.load(str(artifact / "model.pt"))  # type: ignore[no-untyped-call]
+    loaded = torch.jit.load(str(artifact / "model.pt")).eval()  # type: ignore[no-untyped-call]
+    module = torch.jit.optimize_for_inference(torch.jit.freeze(loaded))
     with torch.inference_mode():
         answer: np.ndarray = module(torch.from_numpy(x)).numpy()
     return answer
