@@ -3,6 +3,7 @@ that does not fit the module refused at load with the module's real signature.""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,8 @@ def test_a_module_torch_cannot_freeze_is_served_as_loaded(
         raise RuntimeError("freezing is not supported for this module")
 
     monkeypatch.setattr(torch.jit, "freeze", cannot)
-    model = executor.load(scan_repository(tmp_path)[0])
+    with caplog.at_level(logging.WARNING, logger="sluice_inference.worker.backends.torchscript"):
+        model = executor.load(scan_repository(tmp_path)[0])
     assert getattr(model.backend, "frozen", None) is False
     assert f"serving {artifact} as loaded" in caplog.text
     [outcome] = executor.run(model, [ExecItem(0, {"x": np.ones((1, 4), np.float32)})])
