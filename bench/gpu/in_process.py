@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from sluice_inference.worker.backends.torchscript import for_inference
 from sluice_inference.worker.model_config import ModelConfig
 from sluice_inference.worker.padding import stack
 from sluice_inference.worker.repository import scan_repository
@@ -39,7 +40,8 @@ class CurvePoint:
 
 
 class InProcessModel:
-    """One model of the kit's repository, loaded on `device` as its worker loads it."""
+    """One model of the kit's repository, loaded on `device` as its worker loads it (frozen for inference
+    unless its config says `freeze: false`: worker/backends/torchscript.py)."""
 
     def __init__(self, repository: Path, name: str, device: str) -> None:
         [spec] = scan_repository(repository, [name])
@@ -52,6 +54,8 @@ class InProcessModel:
                 str(spec.artifact), map_location=self.device
             )
         self.module.eval()
+        if self.config.freeze:
+            self.module = for_inference(self.module, spec.artifact)
 
     def forward(self, rows: list[Array]) -> Array:
         """The pooled outputs of `rows` (each [1, L] token ids) stacked and padded as a worker does."""

@@ -22,6 +22,7 @@ import torch
 import yaml
 from torch import nn
 
+from sluice_inference.worker.backends.torchscript import for_inference
 from sluice_inference.worker.demo_onnx import mlp_onnx_bytes
 
 WIDTH_IN, HIDDEN, WIDTH_OUT = 16, 32, 4
@@ -117,7 +118,7 @@ def reference(root: Path, model: str, version: int, x: np.ndarray) -> np.ndarray
         result: np.ndarray = session.run(None, {"input": x})[0]
         return result
     loaded = torch.jit.load(str(artifact / "model.pt")).eval()  # type: ignore[no-untyped-call]
-    module = torch.jit.optimize_for_inference(torch.jit.freeze(loaded))
+    module = for_inference(loaded, artifact / "model.pt")
     with torch.inference_mode():
         answer: np.ndarray = module(torch.from_numpy(x)).numpy()
     return answer

@@ -95,7 +95,7 @@ class TorchScriptBackend:
             _check_arity(len(self._positional), parameters, self.signature)
         self._outputs = tuple(outputs)
         self._output_positions = positions(outputs)
-        self._module = _for_inference(loaded, artifact) if freeze else loaded
+        self._module = for_inference(loaded, artifact) if freeze else loaded
         self.frozen = self._module is not loaded
         """Whether the module runs frozen (asked for, and torch could freeze it)."""
 
@@ -115,8 +115,10 @@ class TorchScriptBackend:
         return {name: returned[i] for name, i in zip(self._outputs, self._output_positions, strict=True)}
 
 
-def _for_inference(module: torch.jit.ScriptModule, artifact: Path) -> torch.jit.ScriptModule:
-    """`module` frozen and optimized for inference, or `module` itself when torch cannot freeze it."""
+def for_inference(module: torch.jit.ScriptModule, artifact: Path) -> torch.jit.ScriptModule:
+    """`module` (loaded, in eval mode) frozen and optimized for inference, or `module` itself when torch
+    cannot freeze it: what the backend runs unless the config says `freeze: false` (the GPU kit's
+    in-process reference runs the same)."""
     try:
         return torch.jit.optimize_for_inference(torch.jit.freeze(module))
     except Exception as exc:  # torch's passes raise many types for modules they cannot handle: serve as is
