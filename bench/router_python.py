@@ -36,10 +36,8 @@ from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
 from sluice_inference.router.driver import Driver
-from sluice_inference.router.edge import FrontDoor
 from sluice_inference.router.kserve_codec import read_head
 from sluice_inference.router.main import RouterServer
-from sluice_inference.router.servicer import InferenceServicer
 from sluice_inference.router.worker_link import WorkerLink
 
 FEATURES, OUTPUTS = 256, 10
@@ -135,17 +133,7 @@ async def measure(concurrency: int, rounds: int, repeats: int, profile: int = 0)
     driver.worker_registered(WORKER, {(RECORD.name, RECORD.version): {}}, 2, True, "cpu")
     driver.worker_connected(WORKER, True)
     driver.start()
-    door = FrontDoor(
-        server.door, server.metrics, server.queue_probe.token, server.queue_probe.arrived, server.keys,
-        server.config.admission.priority_levels,
-    )  # fmt: skip
-    servicer = InferenceServicer(
-        server.dataplane,
-        settings=server.config.router,
-        malformed=server.malformed,
-        inflight_bytes=server.inflight_bytes,
-        door=door,
-    )
+    servicer = server.inference_servicer()
     request = kserve.ModelInferRequest(model_name=RECORD.name)
     request.inputs.add(name="x", datatype="FP32", shape=[1, FEATURES])
     request.raw_input_contents.append(np.arange(FEATURES, dtype="<f4").tobytes())

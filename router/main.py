@@ -198,7 +198,9 @@ class RouterServer:
         self._registration: LeasedKey | None = None
         self._stopped = False
 
-    def _servicers(self, server: grpc.aio.Server) -> None:
+    def inference_servicer(self) -> InferenceServicer:
+        """The KServe servicer behind this router's front door (the receive gate asks the same door);
+        `start` serves it, and bench/router_python.py drives it without a server."""
         door = FrontDoor(
             self.door,
             self.metrics,
@@ -208,13 +210,17 @@ class RouterServer:
             self.config.admission.priority_levels,
         )
         self.receives.door = door
-        inference = InferenceServicer(
+        return InferenceServicer(
             self.dataplane,
             settings=self.config.router,
             malformed=self.malformed,
             inflight_bytes=self.inflight_bytes,
             door=door,
         )
+
+    def _servicers(self, server: grpc.aio.Server) -> None:
+        inference = self.inference_servicer()
+        door = self.receives.door
         admin = RouterAdminServicer(
             router_id=lambda: self.router_id,
             membership=self.membership,
