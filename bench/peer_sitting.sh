@@ -9,7 +9,11 @@
 #      TAGS (the harness's endpoints, default grpc), SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
 #      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset),
 #      FLOOR_RATE (default 800; empty skips): a bare grpc.aio server's CPU per answered and per refused call
-#      at that rate (bench/grpc_floor.py), into OUT/floor.txt: the floor under refusing (issue 17)
+#      at that rate (bench/grpc_floor.py), into OUT/floor.txt: the floor under refusing (issue 17),
+#      MINIMAL_RATES (default empty: skipped) and MINIMAL_HOLDS (default "5 15"): our minimal path
+#      (bench/minimal_path.py: bare router + worker, the MLP run frozen as Sluice's worker runs it) holding
+#      each batch H ms as Triton's batcher does, labelled minimal-holdH: the floor of Sluice's shape with
+#      batches that fill, run through a copy of the harness (OUT/harness-holdH) whose minpath is that path
 set -euo pipefail
 out=${1:?usage: bench/peer_sitting.sh OUT_DIR}
 project=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +27,23 @@ label=${SLUICE_LABEL:-sluice}
 point() {  # point NAME RATE TIMEOUT LABEL
   local dir="$out/t$3"
   mkdir -p "$dir"
-  RESULTS_DIR="$dir/$4" TIMEOUT=$3 "$peers/sweep.sh" "$1" "$2" || echo "[sitting] $4 at $2 failed" >&2
+  RESULTS_DIR="$dir/$4" TIMEOUT=$3 "${PEERS_HARNESS:-$peers}/sweep.sh" "$1" "$2" || echo "[sitting] $4 at $2 failed" >&2
+}
+
+minimal_harness() {  # minimal_harness HOLD_MS -> a copy of the harness whose `minpath` is our minimal path
+  local copy="$out/harness-hold$1"
+  rm -rf "$copy" && cp -r "$peers" "$copy"
+  cat >"$copy/servers/minpath/start.sh" <<SH
+#!/usr/bin/env bash
+# Written by bench/peer_sitting.sh: bench/minimal_path.py serving the peers' MLP, the router holding $1 ms.
+set -euo pipefail
+export PYTHONPATH="$project"
+run=("$project/.venv/bin/python" -m sluice_inference.bench.minimal_path)
+"\${run[@]}" --serve worker --port 8302 --model-file "\$PEERS_ROOT/models/mlp/1/model.pt" --in-width 256 &
+exec "\${run[@]}" --serve router --port 8301 --worker 127.0.0.1:8302 --in-width 256 --out-width 10 \\
+  --output-name output --hold-ms $1
+SH
+  echo "$copy"
 }
 
 for timeout in ${TIMEOUTS:-2 0.05}; do
@@ -32,6 +52,13 @@ for timeout in ${TIMEOUTS:-2 0.05}; do
   for rate in ${MLSERVER_RATES-300 500 800 1200}; do point mlserver "$rate" "$timeout" mlserver; done
   for rate in ${ECHO_RATES-2000 4000}; do point echo "$rate" "$timeout" echo; done
   for rate in ${MINPATH_RATES-500 1000 1500 2000}; do point minpath "$rate" "$timeout" minpath; done
+  for hold in ${MINIMAL_HOLDS-5 15}; do
+    [[ -n ${MINIMAL_RATES-} ]] || break
+    harness=$(minimal_harness "$hold")
+    for rate in $MINIMAL_RATES; do
+      PEERS_HARNESS=$harness point minpath "$rate" "$timeout" "minimal-hold$hold"
+    done
+  done
 done
 if [[ -n ${FLOOR_RATE-800} ]]; then
   for mode in aio-ok aio-refuse; do
