@@ -15,11 +15,10 @@ import socket
 import sys
 import threading
 from socketserver import ThreadingMixIn
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.metrics import MetricWrapperBase
 
 # Seconds; inference latency lives between ~100 µs and a few seconds.
 LATENCY_BUCKETS = (
@@ -35,21 +34,32 @@ READ_TIMEOUT_S = 5.0
 """How long a connection may take to send its request, and to read the answer."""
 
 
-M = TypeVar("M", bound=MetricWrapperBase)
+Child_co = TypeVar("Child_co", covariant=True)
 
 
-class Bound(Generic[M]):
+class Labelled(Protocol[Child_co]):
+    """A labelled metric: prometheus_client's, or common/loop_metrics.py's."""
+
+    def labels(self, *values: str) -> Child_co:
+        """The child for these label values."""
+        ...
+
+
+Child = TypeVar("Child")
+
+
+class Bound(Generic[Child]):
     """A labelled metric's children, each bound once per label values: `metric.labels(...)` takes a lock
     and builds its key on every call (4 µs here, on the request path several times per request); a dict
     hit on the values costs a tenth of that. Callers pass only values from bounded sets (the metric's own
     rule); `max_children` bounds the memory regardless."""
 
-    def __init__(self, metric: M, max_children: int = MAX_CHILDREN) -> None:
+    def __init__(self, metric: Labelled[Child], max_children: int = MAX_CHILDREN) -> None:
         self._metric = metric
-        self._children: dict[tuple[str, ...], M] = {}
+        self._children: dict[tuple[str, ...], Child] = {}
         self._max = max_children
 
-    def __call__(self, *values: str) -> M:
+    def __call__(self, *values: str) -> Child:
         """The child for these label values."""
         child = self._children.get(values)
         if child is None:

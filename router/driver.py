@@ -33,12 +33,12 @@ from opentelemetry.trace import (
     Tracer,
     get_current_span,
 )
-from prometheus_client import Counter, Histogram
 
 from sluice_inference.common.batch_tensors import pack_buffers, split_buffers
 from sluice_inference.common.clock import Clock, wait_until
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
+from sluice_inference.common.loop_metrics import CounterChild, HistogramChild
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.telemetry import inject
 from sluice_inference.router.calls import Tensor
@@ -71,11 +71,11 @@ class ItemReply(NamedTuple):
 class _BoundMetrics:
     """One model's metric children: models are the registered ones, so the set is bounded."""
 
-    queue_wait: Histogram
-    redispatched: Counter
-    batch_size: Histogram
-    batch_fill: Histogram
-    execute: Histogram
+    queue_wait: HistogramChild
+    redispatched: CounterChild
+    batch_size: HistogramChild
+    batch_fill: HistogramChild
+    execute: HistogramChild
 
 
 class Waiter(NamedTuple):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.loop_metrics import LoopCounter, LoopHistogram
 from sluice_inference.common.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, Bound
 
 UNKNOWN_TENANT = "unknown"
@@ -17,7 +18,8 @@ class RouterMetrics:
     """Every metric the router exports, on a registry of its own.
 
     Label values come only from bounded sets: configured tenants, registered models, priority levels
-    1..`priority_levels`, reasons and codes named in code; anything else is `other`.
+    1..`priority_levels`, reasons and codes named in code; anything else is `other`. The metrics updated
+    per request or per batch are common/loop_metrics.py's, updated on the router's event loop only.
     """
 
     def __init__(self, priority_levels: int = 10) -> None:
@@ -26,27 +28,27 @@ class RouterMetrics:
         """Configured tenant names (kept current by the router as configuration changes)."""
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "sluice_router_requests", "Inference requests by model and final status code",
             ["model", "code"], registry=r,
         )  # fmt: skip
-        self.request_latency = Histogram(
+        self.request_latency = LoopHistogram(
             "sluice_router_request_duration_seconds", "End-to-end latency of successful requests",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.queue_wait = Histogram(
+        self.queue_wait = LoopHistogram(
             "sluice_router_queue_wait_seconds", "Time from admission until the request's batch was sent",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.batch_size = Histogram(
+        self.batch_size = LoopHistogram(
             "sluice_router_batch_size", "Rows per batch sent to workers",
             ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip
-        self.batch_fill = Histogram(
+        self.batch_fill = LoopHistogram(
             "sluice_router_batch_fill_ratio", "Rows per batch over the model's max batch size",
             ["model"], buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0), registry=r,
         )  # fmt: skip
-        self.estimate_error = Histogram(
+        self.estimate_error = LoopHistogram(
             "sluice_router_estimate_error_ratio",
             "Observed batch service time over the estimate used to schedule it, minus one (0 = exact)",
             ["model"], buckets=(-0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0), registry=r,
@@ -67,7 +69,7 @@ class RouterMetrics:
             "sluice_router_etcd_values_skipped", "Values under the prefix skipped as too large to read",
             ["prefix"], registry=r,
         )  # fmt: skip
-        self.execute = Histogram(
+        self.execute = LoopHistogram(
             "sluice_router_execute_seconds", "Forward-pass time of batches, as reported by workers",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
@@ -77,15 +79,15 @@ class RouterMetrics:
         self.in_flight_batches = Gauge(
             "sluice_router_in_flight_batches", "Batches sent to workers and not yet answered", registry=r,
         )  # fmt: skip
-        self.admissions = Counter(
+        self.admissions = LoopCounter(
             "sluice_router_admissions", "Requests admitted into a queue",
             ["tenant", "priority"], registry=r,
         )  # fmt: skip
-        self.rejections = Counter(
+        self.rejections = LoopCounter(
             "sluice_router_rejections", "Requests refused, shed or expired before a result, by reason",
             ["reason", "code", "tenant", "priority"], registry=r,
         )  # fmt: skip
-        self.shed = Counter(
+        self.shed = LoopCounter(
             "sluice_router_shed", "Queued requests evicted to make room for higher-priority work",
             ["tenant", "priority"], registry=r,
         )  # fmt: skip
@@ -114,11 +116,11 @@ class RouterMetrics:
             "sluice_router_quota_share", "Fraction of a tenant's cluster-wide limits this router enforces "
             "(tenant '*' is the global limit)", ["tenant"], registry=r,
         )  # fmt: skip
-        self.cache = Counter(
+        self.cache = LoopCounter(
             "sluice_cache_requests", "Result-cache outcomes by model (hit, miss, bypass)",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
-        self.cache_audits = Counter(
+        self.cache_audits = LoopCounter(
             "sluice_cache_audits", "Audits of cache hits by outcome (match, mismatch, skipped_<reason>)",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
@@ -138,7 +140,7 @@ class RouterMetrics:
         self.cache_evictions = Gauge(
             "sluice_cache_evictions", "Entries evicted from the in-memory tier since start", registry=r,
         )  # fmt: skip
-        self.idempotency = Counter(
+        self.idempotency = LoopCounter(
             "sluice_idempotency_requests", "Idempotency-key outcomes (claimed, replayed, conflict, ...)",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
@@ -149,7 +151,7 @@ class RouterMetrics:
             "sluice_autoscaler_desired_workers", "Workers this model needs cluster-wide (router's estimate; "
             "the HPA takes the max over routers)", ["model"], registry=r,
         )  # fmt: skip
-        self.redispatched = Counter(
+        self.redispatched = LoopCounter(
             "sluice_router_redispatched", "Requests sent again to another worker after theirs died mid-batch",
             ["model"], registry=r,
         )  # fmt: skip
@@ -165,7 +167,7 @@ class RouterMetrics:
             "sluice_router_door_admitted_fraction", "Share of new inference requests the front door admits "
             "(1 unless calls wait too long to reach the router's code)", registry=r,
         )  # fmt: skip
-        self.door_refused = Counter(
+        self.door_refused = LoopCounter(
             "sluice_router_door_refused", "Inference requests refused at the front door, before parsing, "
             "while calls waited too long to reach the router's code, by the priority level of the caller's "
             "tenant", ["priority"], registry=r,
