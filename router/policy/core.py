@@ -167,10 +167,12 @@ class RouterCore:
         the core's `max_batch_bytes`, which is added to its limits here."""
         if self.max_batch_bytes is not None:
             limits = with_message_cap(limits, self.max_batch_bytes)
+        wire_bytes = input_bytes + response_bytes + ITEM_OVERHEAD_BYTES
+        # Every field in order, positionally (keywords cost as much again as the rest, once per arrival):
+        # the request's own, then no dispatch yet (attempts 1), and its latest start at the deadline.
         return QueuedRequest(
-            next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant=tenant,
-            priority=priority, weight=weight, size_bytes=input_bytes, cost=cost,
-            wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
+            next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant, priority, weight,
+            input_bytes, cost, wire_bytes, 1, deadline,
         )  # fmt: skip
 
     def arrive(self, now: float, request: QueuedRequest) -> Decision:

@@ -109,14 +109,13 @@ class QueuedRequest:
     attempts: int = 1
     """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
-    """The last moment its batch may start and still finish by the deadline (admission sets it)."""
+    """The last moment its batch may start and still finish by the deadline: never past the deadline, at
+    which `RouterCore.new_request` starts it; admission brings it forward. (Not checked here: a
+    `__post_init__` would be a call per request.)"""
     admitted: bool = False
     """It holds an admission slot (in-flight quota) until it ends."""
     ended: bool = False
     """It has been settled (result, error, or the client went away): later news about it is ignored."""
-
-    def __post_init__(self) -> None:
-        self.latest_start = min(self.latest_start, self.deadline)
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ def request(
     """A validated request arriving at `now`, under `limits`."""
     return QueuedRequest(
         next(_ids), lane, rows, now, now + timeout, limits=limits, tenant=tenant, priority=priority,
-        size_bytes=size,
+        size_bytes=size, latest_start=now + timeout,  # as `RouterCore.new_request` starts it
     )  # fmt: skip
 
 
