@@ -66,11 +66,11 @@ class Queues:
         bound requires it; returns the evicted requests. Raises `QueueFull` when it does not fit and
         outranks nothing."""
         key = request.lane
+        lane = self.lanes.get(key)
         if limits is None:
             limits = self.limits[key]
-        else:
+        elif lane is None or lane.limits is not limits:  # a lane's limits are the ones recorded
             self.limits[key] = limits
-        lane = self.lanes.get(key)
         if lane is None:
             lane = self.lanes[key] = Lane(key, limits, self.aging_s)
         lane.limits = limits  # the model version's current registration
