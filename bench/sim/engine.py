@@ -341,12 +341,12 @@ class Simulation:
 
     def _late_rows(self, done: Running, now: float) -> None:
         """Rows the device ran for requests that were past their deadline when the forward ended."""
+        skipped, late = done.skipped, 0
         for held in done.batches:
-            self.late_rows += sum(
-                r.rows
-                for r in held.dispatch.requests
-                if r.request_id not in done.skipped and now > r.deadline
-            )
+            for r in held.dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+                if now > r.deadline and r.request_id not in skipped:
+                    late += r.rows
+        self.late_rows += late
 
     def _report(self, now: float) -> None:
         for worker in self.workers.values():

@@ -112,7 +112,9 @@ class SimWorker:
             busy = {r.request_id: ItemAnswer(r.request_id, int(Code.UNAVAILABLE), "worker full", reason=BUSY)
                     for r in dispatch.requests}  # fmt: skip
             return None, BatchAnswer(dispatch.batch_id, busy, 0, 0.0, self.held)
-        cost = sum(request.cost for request in dispatch.requests)
+        cost = 0
+        for request in dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+            cost += request.cost
         candidate = Candidate(dispatch.lane, dispatch.rows, cost, self.limits)
         self.waiting.append(Held(dispatch, router, candidate))
         self.max_held = max(self.max_held, self.held)
