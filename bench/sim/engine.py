@@ -254,7 +254,9 @@ class Simulation:
         for dispatch in decision.dispatches:
             self.batch_rows.append(dispatch.rows)
             self.cut_reasons[dispatch.reason] += 1
-            self.redispatched += sum(1 for r in dispatch.requests if r.attempts > 1)
+            for request in dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+                if request.attempts > 1:
+                    self.redispatched += 1
             worker = self.workers[dispatch.worker_id]
             started, busy = worker.accept(dispatch, router, now)
             if started is not None:
