@@ -16,11 +16,11 @@ from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
 
 @dataclass(slots=True)
 class ItemAnswer:
-    """A worker's outcome for one item: `code` 0 with `outputs`, or an error. (A slotted class, like the
-    other records made once per request: a NamedTuple's `__new__` is a Python call and costs half as much
-    again, a frozen dataclass several times as much; nothing changes one once built.)"""
+    """A worker's outcome for one item (keyed by the item's id in `BatchAnswer.items`): `code` 0 with
+    `outputs`, or an error. (A slotted class, like the other records made once per request: a
+    NamedTuple's `__new__` is a Python call and costs half as much again, a frozen dataclass several times
+    as much; nothing changes one once built, so equal outcomes may share one.)"""
 
-    item_id: int
     code: int = 0
     message: str = ""
     worker_fault: bool = False
