@@ -507,15 +507,15 @@ def _answer(result: worker_pb2.BatchResult) -> BatchAnswer:
     into the items' own tensors here, the one place the router copies an item's rows."""
     items = {}
     for error in result.errors:
-        items[error.item_id] = ItemAnswer(error.item_id, error.code or int(Code.UNKNOWN), error.message,
-                                          error.worker_fault, error.reason)  # fmt: skip
+        items[error.item_id] = ItemAnswer(error.code or int(Code.UNKNOWN), error.message, error.worker_fault,
+                                          error.reason)  # fmt: skip
     ids, rows = result.item_ids, result.item_rows
     if len(ids) != len(rows):
         raise ValueError(f"batch {result.batch_id}: {len(ids)} item ids but {len(rows)} item rows")
     outputs = [(t.name, t.datatype, split_buffers(t, rows)) for t in result.outputs]
     for index, item_id in enumerate(ids):
         tensors = [Tensor(name, datatype, *parts[index]) for name, datatype, parts in outputs]
-        items[item_id] = ItemAnswer(item_id, outputs=tensors)
+        items[item_id] = ItemAnswer(outputs=tensors)
     forward_rows = result.forward_rows or result.executed_size
     return BatchAnswer(
         result.batch_id, items, forward_rows, result.execute_us / 1e6, queued_batches=result.queued_batches

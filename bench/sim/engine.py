@@ -254,7 +254,9 @@ class Simulation:
         for dispatch in decision.dispatches:
             self.batch_rows.append(dispatch.rows)
             self.cut_reasons[dispatch.reason] += 1
-            self.redispatched += sum(1 for r in dispatch.requests if r.attempts > 1)
+            for request in dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+                if request.attempts > 1:
+                    self.redispatched += 1
             worker = self.workers[dispatch.worker_id]
             started, busy = worker.accept(dispatch, router, now)
             if started is not None:
@@ -341,12 +343,12 @@ class Simulation:
 
     def _late_rows(self, done: Running, now: float) -> None:
         """Rows the device ran for requests that were past their deadline when the forward ended."""
+        skipped, late = done.skipped, 0
         for held in done.batches:
-            self.late_rows += sum(
-                r.rows
-                for r in held.dispatch.requests
-                if r.request_id not in done.skipped and now > r.deadline
-            )
+            for r in held.dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+                if now > r.deadline and r.request_id not in skipped:
+                    late += r.rows
+        self.late_rows += late
 
     def _report(self, now: float) -> None:
         for worker in self.workers.values():

@@ -30,6 +30,13 @@ from sluice_inference.router.policy.core import BUSY
 from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
 
+EXECUTED = ItemAnswer()
+"""The answer of every item that ran (a simulated worker returns no outputs): one, shared."""
+SKIPPED = {code: ItemAnswer(code) for code in (int(Code.CANCELLED), int(Code.DEADLINE_EXCEEDED))}
+"""The answer of an item skipped when its forward started, by status code (shared likewise)."""
+FULL = ItemAnswer(int(Code.UNAVAILABLE), "worker full", reason=BUSY)
+"""The answer of every item of a batch that found the worker full."""
+
 
 def class_of(request: QueuedRequest) -> int:
     """The class of a simulated request (its payload is (arrival index, class index))."""
@@ -109,10 +116,11 @@ class SimWorker:
         if not self.alive:
             return None, None  # lost: the routers learn it when they notice the crash
         if self.held >= self.capacity:
-            busy = {r.request_id: ItemAnswer(r.request_id, int(Code.UNAVAILABLE), "worker full", reason=BUSY)
-                    for r in dispatch.requests}  # fmt: skip
+            busy = dict.fromkeys([r.request_id for r in dispatch.requests], FULL)
             return None, BatchAnswer(dispatch.batch_id, busy, 0, 0.0, self.held)
-        cost = sum(request.cost for request in dispatch.requests)
+        cost = 0
+        for request in dispatch.requests:  # a loop, not `sum` over a generator: one call per batch
+            cost += request.cost
         candidate = Candidate(dispatch.lane, dispatch.rows, cost, self.limits)
         self.waiting.append(Held(dispatch, router, candidate))
         self.max_held = max(self.max_held, self.held)
@@ -134,8 +142,10 @@ class SimWorker:
         execute_s, skipped = done.ends - done.started, done.skipped
         out = []
         for held in done.batches:
-            items = {r.request_id: ItemAnswer(r.request_id, skipped.get(r.request_id, 0))
-                     for r in held.dispatch.requests}  # fmt: skip
+            items = dict.fromkeys([r.request_id for r in held.dispatch.requests], EXECUTED)
+            for item_id, code in skipped.items():  # few or none: a loop over them, not a lookup per item
+                if item_id in items:
+                    items[item_id] = SKIPPED[code]
             answer = BatchAnswer(held.dispatch.batch_id, items, done.rows, execute_s, self.held)
             out.append((held.router, answer))
         return out

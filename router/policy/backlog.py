@@ -8,7 +8,7 @@ rows": the core's retry hints (queue full, shed, unmeetable) and admission's que
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneKey
@@ -17,8 +17,10 @@ MIN_RETRY_S = 0.01
 """Shortest retry hint: below it a client would only spin."""
 
 
-class Backlog(NamedTuple):
-    """A lane as a newcomer of a given priority finds it (a tuple: one is built per arrival, in C)."""
+@dataclass(slots=True)
+class Backlog:
+    """A lane as a newcomer of a given priority finds it (one is built per arrival: a slotted class, not
+    frozen, as `outcomes.ItemAnswer`)."""
 
     estimates: ServiceEstimates
     """The router's execution-time estimates (read, never changed, by admission)."""

@@ -57,7 +57,7 @@ from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.fleet import Fleet
 from sluice_inference.router.policy.health import HANG_FACTOR
 from sluice_inference.router.policy.in_flight import InFlight
-from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
+from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import (
     BatchAnswer,
     Decision,
@@ -167,10 +167,12 @@ class RouterCore:
         the core's `max_batch_bytes`, which is added to its limits here."""
         if self.max_batch_bytes is not None:
             limits = with_message_cap(limits, self.max_batch_bytes)
+        wire_bytes = input_bytes + response_bytes + ITEM_OVERHEAD_BYTES
+        # Every field in order, positionally (keywords cost as much again as the rest, once per arrival):
+        # the request's own, then no dispatch yet (attempts 1), and its latest start at the deadline.
         return QueuedRequest(
-            next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant=tenant,
-            priority=priority, weight=weight, size_bytes=input_bytes, cost=cost,
-            wire_bytes=input_bytes + response_bytes + ITEM_OVERHEAD_BYTES,
+            next(self._request_ids), lane, rows, arrival, deadline, payload, limits, tenant, priority, weight,
+            input_bytes, cost, wire_bytes, 1, deadline,
         )  # fmt: skip
 
     def arrive(self, now: float, request: QueuedRequest) -> Decision:
@@ -189,16 +191,18 @@ class RouterCore:
         else:
             # Asked once: nothing below changes a worker's slot before the drain.
             full = not self.workers.free_count(version)
+            lane = self.queues.lanes.get(key)  # asked once: None until this request makes it
             try:
                 self.admission.admit(
-                    request, limits, now, self._backlog(key, serving, full, request.priority)
+                    request, limits, now, self._backlog(lane, serving, full, request.priority)
                 )
                 self._make_room(key)
                 self.endings.queue(decision, request, limits)
             except SluiceError as refused:
                 self.endings.end(decision, request, refused)
             else:  # only its own lane can have changed: no need for a whole tick
-                lane = self.queues.lanes[key]
+                if lane is None:
+                    lane = self.queues.lanes[key]
                 waits_until = self.planner.still_waiting(lane, request, now, self.workers.epoch)
                 if waits_until is not None:
                     decision.wake(waits_until)
@@ -207,10 +211,10 @@ class RouterCore:
                 decision.wake(lane.earliest_latest_start())
         return decision
 
-    def _backlog(self, key: LaneKey, serving: int, full: bool, priority: int) -> Backlog:
-        """What the lane holds ahead of a newcomer of `priority`, for admission (`serving`: the accepting
-        workers serving the lane's version, at least one; `full`: none of them has a free place)."""
-        lane = self.queues.lanes.get(key)
+    def _backlog(self, lane: Lane | None, serving: int, full: bool, priority: int) -> Backlog:
+        """What the lane (None: none queued yet) holds ahead of a newcomer of `priority`, for admission
+        (`serving`: the accepting workers serving the lane's version, at least one; `full`: none of them
+        has a free place)."""
         if lane is None:
             return Backlog(self.estimates, 0, full, 1, serving)
         return Backlog(

@@ -42,14 +42,18 @@ class LaneStats:
 
     def arrived(self, now: float, rows: int = 1) -> None:
         """Count `rows` arriving at `now`, here and in the linked model's statistics (one call for both:
-        it runs per request)."""
+        it runs per request). The two were last counted at the same instant whenever the model's other
+        lanes had no arrival since: then they decay by the same factor, computed once."""
         stats: LaneStats | None = self
+        decayed_from, decay = None, 1.0
         while stats is not None:
             last = stats.last
             if last is None:
                 stats.last = now
             elif now > last:
-                stats.count *= math.exp(-(now - last) / TAU_S)
+                if last != decayed_from:
+                    decayed_from, decay = last, math.exp(-(now - last) / TAU_S)
+                stats.count *= decay
                 stats.last = now
             stats.count += rows
             stats = stats.model

@@ -109,14 +109,13 @@ class QueuedRequest:
     attempts: int = 1
     """Dispatches so far; a request whose worker died is re-dispatched at most once."""
     latest_start: float = math.inf
-    """The last moment its batch may start and still finish by the deadline (admission sets it)."""
+    """The last moment its batch may start and still finish by the deadline: never past the deadline, at
+    which `RouterCore.new_request` starts it; admission brings it forward. (Not checked here: a
+    `__post_init__` would be a call per request.)"""
     admitted: bool = False
     """It holds an admission slot (in-flight quota) until it ends."""
     ended: bool = False
     """It has been settled (result, error, or the client went away): later news about it is ignored."""
-
-    def __post_init__(self) -> None:
-        self.latest_start = min(self.latest_start, self.deadline)
 
 
 @dataclass(slots=True)
@@ -143,19 +142,20 @@ class Lane:
         self.aging_s = aging_s
         self.rows = 0
         self.bytes = 0
-        self._requests: dict[int, QueuedRequest] = {}
         self._levels: dict[int, _Level] = {}
         self._arrivals: OrderedDict[int, QueuedRequest] = OrderedDict()
+        """Every queued request by id, oldest first (the one record of what the lane holds: its levels'
+        `arrivals` split it by priority)."""
         self._latest: list[tuple[float, int]] = []
 
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self._arrivals)
 
     def __iter__(self) -> Iterator[QueuedRequest]:
         return iter(list(self._arrivals.values()))
 
     def __contains__(self, request_id: int) -> bool:
-        return request_id in self._requests
+        return request_id in self._arrivals
 
     def push(self, request: QueuedRequest) -> None:
         """Queue a request; the lane owns it from now on."""
@@ -170,20 +170,18 @@ class Lane:
         level.arrivals[request.request_id] = request
         level.rows += request.rows
         self._arrivals[request.request_id] = request
-        self._requests[request.request_id] = request
         heapq.heappush(self._latest, (request.latest_start, request.request_id))
         self.rows += request.rows
         self.bytes += request.size_bytes
 
     def remove(self, request_id: int) -> QueuedRequest | None:
         """Take a request out (cancelled, expired, evicted); None if it is not queued here."""
-        request = self._requests.pop(request_id, None)
+        request = self._arrivals.pop(request_id, None)
         if request is None:
             return None
         level = self._levels[request.priority]
         level.arrivals.pop(request_id, None)
         level.rows -= request.rows
-        self._arrivals.pop(request_id, None)
         queue = level.tenants[request.tenant]
         queue.live -= 1
         if not queue.live:
@@ -210,7 +208,7 @@ class Lane:
 
     def earliest_latest_start(self) -> float | None:
         """The soonest `latest_start` among queued requests."""
-        while self._latest and self._latest[0][1] not in self._requests:
+        while self._latest and self._latest[0][1] not in self._arrivals:
             heapq.heappop(self._latest)
         return self._latest[0][0] if self._latest else None
 
@@ -255,7 +253,7 @@ class Lane:
             queue = tenants[name]
         while True:
             _, request_id, request = heapq.heappop(queue.heap)
-            if request_id in self._requests:
+            if request_id in self._arrivals:
                 break
         queue.finish = start + request.rows / request.weight
         level.virtual = start
@@ -267,7 +265,7 @@ class Lane:
         costs and wire bytes; always at least one)."""
         batch: list[QueuedRequest] = []
         fill = BatchFill(self.limits.batch)
-        while self._requests:
+        while self._arrivals:
             request = self.pop_next(now)
             assert request is not None
             if not fill.take(request.rows, request.cost, request.wire_bytes):

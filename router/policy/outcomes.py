@@ -7,18 +7,20 @@ disconnect lost workers, and call `tick` again at `wake_at` at the latest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
 
 
-class ItemAnswer(NamedTuple):
-    """A worker's outcome for one item: `code` 0 with `outputs`, or an error. (A tuple, like the other
-    records made once per request: building a frozen dataclass costs several times as much.)"""
+@dataclass(slots=True)
+class ItemAnswer:
+    """A worker's outcome for one item (keyed by the item's id in `BatchAnswer.items`): `code` 0 with
+    `outputs`, or an error. (A slotted class, like the other records made once per request: a
+    NamedTuple's `__new__` is a Python call and costs half as much again, a frozen dataclass several times
+    as much; nothing changes one once built, so equal outcomes may share one.)"""
 
-    item_id: int
     code: int = 0
     message: str = ""
     worker_fault: bool = False
@@ -60,9 +62,10 @@ class Dispatch(NamedTuple):
     """Batch-dimension rows in the batch."""
 
 
-class Served(NamedTuple):
-    """A successful outcome: the worker's outputs and how the request was served (a tuple: one per
-    request)."""
+@dataclass(slots=True)
+class Served:
+    """A successful outcome: the worker's outputs and how the request was served (one per request: not
+    frozen, as `ItemAnswer`)."""
 
     worker_id: str
     batch_rows: int
@@ -71,9 +74,10 @@ class Served(NamedTuple):
     outputs: object
 
 
-class Settled(NamedTuple):
-    """A request that has ended, with its result or typed error. Every request ends exactly once (a tuple:
-    one per request)."""
+@dataclass(slots=True)
+class Settled:
+    """A request that has ended, with its result or typed error. Every request ends exactly once (one per
+    request: not frozen, as `ItemAnswer`)."""
 
     request: QueuedRequest
     outcome: Served | SluiceError
@@ -88,20 +92,31 @@ class Learned(NamedTuple):
     execute_s: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Decision:
-    """What the shell must do now, and when to call `tick` again at the latest."""
+    """What the shell must do now, and when to call `tick` again at the latest (an empty one to start
+    with)."""
 
-    dispatches: list[Dispatch] = field(default_factory=list)
-    settled: list[Settled] = field(default_factory=list)
-    drops: dict[str, list[int]] = field(default_factory=dict)
+    dispatches: list[Dispatch]
+    settled: list[Settled]
+    drops: dict[str, list[int]]
     """Items each worker should skip (ended here: deadline passed, or the client went away)."""
-    lost: list[str] = field(default_factory=list)
+    lost: list[str]
     """Workers found hung (holding work, no progress): disconnect them."""
-    learned: list[Learned] = field(default_factory=list)
-    wake_at: float | None = None
+    learned: list[Learned]
+    wake_at: float | None
     """A tick's `wake_at` is everything the core waits for; another event's only adds what that event
     changed (an arrival: its lane), so a shell keeps the earlier of that and the time it already had."""
+
+    def __init__(self) -> None:
+        # Literals rather than `default_factory`: one decision is built per event, and five factory calls
+        # cost as much again as the rest of it.
+        self.dispatches = []
+        self.settled = []
+        self.drops = {}
+        self.lost = []
+        self.learned = []
+        self.wake_at = None
 
     def settle(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
         """Record that `request` ended."""

@@ -122,11 +122,12 @@ class Planner:
             return NO_WORKER
         free = workers.free(version)
 
-        def seconds_on(worker_id: str) -> float:
-            rows = min(lane.rows, lane.limits.max_batch_size)
-            return estimates.batch_seconds(key.model, key.version, rows, worker_id, key.shape)
+        batch_rows = min(lane.rows, lane.limits.max_batch_size)  # the batch that would be cut now
 
-        worker = self.chooser.choose(free, Job(min(lane.rows, lane.limits.max_batch_size), now, seconds_on))
+        def seconds_on(worker_id: str) -> float:
+            return estimates.batch_seconds(key.model, key.version, batch_rows, worker_id, key.shape)
+
+        worker = self.chooser.choose(free, Job(batch_rows, now, seconds_on))
         if worker is None:
             return BLOCKED
         known: dict[int, float] = {}

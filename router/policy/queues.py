@@ -6,10 +6,11 @@ Invariants:
 - with bounds, no lane holds more than `lane_max_queued` requests and all lanes together no more than
   `max_queued_bytes`: a newcomer that outranks queued work evicts the least important request (worst
   priority; in it the tenant with most queued; of that tenant the newest), otherwise it is refused;
-- a lane exists only while it holds requests (`prune`); its statistics and its limits (set once per
-  arrival by `push`, the one record of them: a request queued again after its lane emptied finds
-  them here) outlive it until the core forgets its shape (router/policy/shapes.py bounds how many shapes a
-  model keeps);
+- a lane exists only while it holds requests (`prune`); its statistics and its limits (as the latest
+  arrival brought them, recorded by `push` when they change: the one record of them, which the lane's own
+  `limits` equals while it exists, and a request queued again after its lane emptied finds them here)
+  outlive it until the core forgets its shape (router/policy/shapes.py bounds how many shapes a model
+  keeps);
 - a refusal is a `QueueFull` (no retry hint: the queues do not estimate drain times; the core turns it
   into UNAVAILABLE `queue_full`), so the queues never call back into the core;
 - what the status pass reads (`by_version`, `arrival_rate`) costs one step per non-empty lane and per
@@ -66,11 +67,11 @@ class Queues:
         bound requires it; returns the evicted requests. Raises `QueueFull` when it does not fit and
         outranks nothing."""
         key = request.lane
+        lane = self.lanes.get(key)
         if limits is None:
             limits = self.limits[key]
-        else:
+        elif lane is None or lane.limits is not limits:  # a lane's limits are the ones recorded
             self.limits[key] = limits
-        lane = self.lanes.get(key)
         if lane is None:
             lane = self.lanes[key] = Lane(key, limits, self.aging_s)
         lane.limits = limits  # the model version's current registration

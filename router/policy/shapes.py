@@ -49,9 +49,12 @@ class ShapeTable:
         shapes = self._models.get(key.model)
         if shapes is None:
             shapes = self._models[key.model] = OrderedDict()
-        elif key in shapes:
-            shapes.move_to_end(key)
-            return []
+        else:
+            try:  # a known shape (nearly every request): one lookup of its key, not two
+                shapes.move_to_end(key)
+                return []
+            except KeyError:
+                pass
         forgotten: list[LaneKey] = []
         if len(shapes) >= self.limit:
             idle = next((known for known in shapes if not busy(known)), None)

@@ -72,25 +72,20 @@ def request(
     """A validated request arriving at `now`, under `limits`."""
     return QueuedRequest(
         next(_ids), lane, rows, now, now + timeout, limits=limits, tenant=tenant, priority=priority,
-        size_bytes=size,
+        size_bytes=size, latest_start=now + timeout,  # as `RouterCore.new_request` starts it
     )  # fmt: skip
 
 
 def ok_answer(dispatch: Dispatch, execute_s: float = 0.005, queued: int | None = None) -> BatchAnswer:
     """Every item of the batch succeeded."""
-    items = {
-        r.request_id: ItemAnswer(r.request_id, outputs=[f"out-{r.request_id}"]) for r in dispatch.requests
-    }
+    items = {r.request_id: ItemAnswer(outputs=[f"out-{r.request_id}"]) for r in dispatch.requests}
     return BatchAnswer(dispatch.batch_id, items, dispatch.rows, execute_s, queued)
 
 
 def failed_answer(dispatch: Dispatch, *, worker_fault: bool, reason: str = "") -> BatchAnswer:
     """Every item failed INTERNAL (or UNAVAILABLE with a reason)."""
     code = int(Code.UNAVAILABLE if reason else Code.INTERNAL)
-    items = {
-        r.request_id: ItemAnswer(r.request_id, code, "failed", worker_fault, reason)
-        for r in dispatch.requests
-    }
+    items = {r.request_id: ItemAnswer(code, "failed", worker_fault, reason) for r in dispatch.requests}
     return BatchAnswer(dispatch.batch_id, items, 0 if reason else dispatch.rows, 0.005)
 
 

@@ -112,7 +112,7 @@ def recording_core(router: int, plan: RunPlan) -> RouterCore:
 
 def answer_for(core: RouterCore, batch_id: int, execute_s: float) -> tuple[str, BatchAnswer]:
     dispatch = core.in_flight[batch_id]
-    items = {r.request_id: ItemAnswer(r.request_id, outputs=[]) for r in dispatch.requests}
+    items = {r.request_id: ItemAnswer(outputs=[]) for r in dispatch.requests}
     return dispatch.worker_id, BatchAnswer(batch_id, items, dispatch.rows, execute_s, queued_batches=0)
 
 

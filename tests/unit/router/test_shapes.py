@@ -211,7 +211,9 @@ def test_a_busy_shape_is_never_forgotten_and_a_new_shape_is_refused_while_every_
     assert core.view.shape_state()["shapes"] == 2
     assert core.admission.limiter.inflight[TENANT] == 2  # the refused one gave its slot back
 
-    ended = answer_all(core, Decision(dispatches=running), 0.003)  # shape 1, then shape 2, run
+    pending = Decision()
+    pending.dispatches.extend(running)
+    ended = answer_all(core, pending, 0.003)  # shape 1, then shape 2, run
     assert set(ended.values()) == {"OK"} and len(ended) == 2
     admitted = arrive(core, FLOOD, (1, 3, 0, 3), 0.004)
     assert [d.lane for d in admitted.dispatches] == [_lane(FLOOD, (3, 0, 3))]
