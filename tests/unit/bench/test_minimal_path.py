@@ -16,7 +16,7 @@ def test_the_forward_answers_as_the_scripted_module(tmp_path: Path) -> None:
     layers = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     module = torch.jit.script(layers)
     path = tmp_path / "model.pt"
-    module.save(str(path))
+    module.save(str(path))  # type: ignore[no-untyped-call]
     rows = np.arange(12, dtype="<f4").reshape(3, 4)
     answer = np.frombuffer(torchscript_forward(path, in_width=4)(rows.tobytes()), "<f4").reshape(3, 3)
     with torch.no_grad():
