@@ -112,9 +112,14 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
 
 async def test_ceiling_ramp_smoke() -> None:
     report = await measure_ceiling(steps=(100, 200), step_s=0.5, channels=1, in_process=True)
-    assert [s["rate"] for s in report["steps"]] == [100, 200]
-    assert all(s["not_ok"] == 0 for s in report["steps"])
-    assert report["ceiling_rps"] in (0, 100, 200)
+    steps = report["steps"]
+    # The ramp goes up in order and stops at its first failing step only: whether a half-second step
+    # passes (its p99 send lag under 5 ms) is this machine's business at that moment, not the code's.
+    assert [s["rate"] for s in steps] == [100, 200][: len(steps)] and steps
+    assert all(s["passed"] for s in steps[:-1])
+    assert len(steps) == 2 or not steps[-1]["passed"]
+    assert all(s["not_ok"] == 0 for s in steps)  # the sink answers every call
+    assert report["ceiling_rps"] == max((s["rate"] for s in steps if s["passed"]), default=0)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
