@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sluice_inference.bench.overload import LANE_BOUND, Calibration, calibrate, comparison_table, run_once
+from sluice_inference.bench.two_tenant_overload import DOOR_REFUSAL
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +106,10 @@ def test_without_admission_the_same_load_collapses(
     gold_on, gold_off = _class(admitted, "gold"), _class(baseline, "gold")
     assert gold_off["good"] / gold_off["offered"] < 0.5 < gold_on["good"] / gold_on["offered"]
     assert baseline["router"]["max_lane_depth"] > LANE_BOUND  # the FIFO grows past the bound admission keeps
-    assert _class(baseline, "bronze")["rejected_with_hint"] == 0  # failures arrive late and unexplained
+    # Failures arrive late and unexplained: without admission nothing refuses early but the front door,
+    # which guards the router's own CPU whatever admission says and may engage on a slow core.
+    statuses = _class(baseline, "bronze")["rejected_by_status"]
+    assert all(s.startswith("DEADLINE_EXCEEDED/") or s == DOOR_REFUSAL for s in statuses), statuses
 
 
 def test_the_comparison_table_names_both_runs(admitted: dict[str, Any], baseline: dict[str, Any]) -> None:
