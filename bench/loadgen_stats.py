@@ -109,6 +109,7 @@ def outcome_counts(records: Sequence[RequestRecord], duration_s: float) -> dict[
         "rejection_examples": examples,
         "rejection_latency_ms": {key: percentiles_ms(seconds) for key, seconds in refused_after.items()},
         "latency_ms": percentiles_ms([r.latency_s for r in ok]),
+        "latency_mean_ms": 1000.0 * sum(r.latency_s for r in ok) / len(ok) if ok else None,
         "cache": {
             outcome: {"count": len(group), "latency_ms": percentiles_ms([r.latency_s for r in group])}
             for outcome in ("hit", "miss", "bypass")

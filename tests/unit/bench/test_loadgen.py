@@ -260,6 +260,7 @@ def test_summary_counts_goodput_late_ok_and_rejections() -> None:
     assert refused["UNAVAILABLE/queue_full"]["p99"] == pytest.approx(3.0)
     assert refused["DEADLINE_EXCEEDED/-"]["p50"] == pytest.approx(500.0)
     assert gold["latency_ms"]["p99"] == pytest.approx(100.0)
+    assert bronze["latency_mean_ms"] == pytest.approx((50 * 200.0 + 10 * 700.0) / 60)  # OK answers only
     assert report["total"]["offered"] == 196 and report["total"]["late_ok"] == 10
     table = format_report(report)
     assert "gold" in table and "UNAVAILABLE/queue_full=30" in table and "late_ok" in table
