@@ -1,5 +1,6 @@
 """The router's periodic status pass: the watchdog of the decision loop, grpc.health.v1 statuses, queue
-and cache gauges, and the autoscaling signal, refreshed every `REFRESH_S` from the policy core's state.
+and cache gauges, and the autoscaling signal, refreshed every `REFRESH_S` from the policy core's state
+while the router has work, every `IDLE_REFRESH_S` while it has none.
 
 Health is SERVING only while the decision loop runs, a worker accepts batches and every etcd watch
 (`workers/`, `routers/`, `tenants/`) is being applied: a router whose consumer of `tenants/` keeps failing
@@ -37,6 +38,18 @@ from sluice_inference.router.policy.door import Door
 log = logging.getLogger(__name__)
 
 REFRESH_S = 0.2
+"""Between passes while the router has work: the CPU pressure the batcher reads follows a change within
+about half a second."""
+IDLE_REFRESH_S = 1.0
+"""Between passes while it has none: nothing queued, no batch on a worker, and its loop's CPU pressure under
+`IDLE_PRESSURE`. Each pass is a wake-up of an otherwise sleeping process: five a second against one cost an
+idle router ~0.2 % of a core (1.27-1.33 % against 1.07-1.13, `bench/idle_cpu.py`, two alternating pairs,
+2026-12-02). What this delays comes with no traffic: health changes (a worker joining or leaving while
+nothing is sent) show up to this much later, the watchdog (`router.watchdog_s`, 5 s) is unaffected, and a
+burst out of idle is seen by the next pass, at most this long after it starts."""
+IDLE_PRESSURE = 0.1
+"""Below this smoothed CPU pressure (the share of the time the loop runs or waits to run) the loop is
+idle for the cadence's purpose: a busy spell decays below it within about four fast passes."""
 EXPORT_EVERY_S = 1.0
 """Gauges and `desired_workers` are refreshed this often (health every `REFRESH_S`)."""
 CORE_STUCK_RETRY_S = 1.0
@@ -104,6 +117,8 @@ class StatusLoop:
         """Set for good once the watchdog found the decision loop dead or stuck."""
         self._etcd_connected = etcd_connected
         self._task: asyncio.Task[None] | None = None
+        self.next_pass_s = REFRESH_S
+        """How long after the last pass the next one runs: `REFRESH_S` or, idle, `IDLE_REFRESH_S`."""
 
     def start(self) -> None:
         """Refresh in the background."""
@@ -125,7 +140,7 @@ class StatusLoop:
                 await self.refresh()
             except Exception:  # a failing export must not stop health from being kept current
                 log.exception("the router's status pass failed")
-            await self._clock.sleep(REFRESH_S)
+            await self._clock.sleep(self.next_pass_s)
 
     async def refresh(self) -> None:
         """One status pass: the watchdog and health every pass; gauges and the autoscaling target at most
@@ -145,6 +160,9 @@ class StatusLoop:
             self._fit_host_cost()
             self._metrics.cpu_pressure.set(pressure)
         self._report_host(pressure)
+        view = self._driver.core.view
+        idle = pressure < IDLE_PRESSURE and not view.queued() and not view.in_flight_batches()
+        self.next_pass_s = IDLE_REFRESH_S if idle else REFRESH_S
 
     def _fit_host_cost(self) -> None:
         """Fit the router's CPU per batch and per row over the last intervals (router/host_cost.py)."""

@@ -86,7 +86,7 @@ async def test_a_timeout_of_2_to_the_64_is_clamped_and_the_router_keeps_serving(
         probe = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="")
         serving = health_pb2.HealthCheckResponse.SERVING
-        for _ in range(50):  # health is refreshed every 0.2 s: it must read SERVING within 5 s
+        for _ in range(50):  # health is refreshed every 0.2 s (1 s while idle): SERVING within 5 s
             health = await probe.Check(request)  # type: ignore[attr-defined]
             if health.status == serving:
                 break

@@ -54,7 +54,7 @@ from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.door import Door
 from sluice_inference.router.policy.lanes import Lane
 from sluice_inference.router.policy.tenants import Tenant
-from sluice_inference.router.status import StatusLoop
+from sluice_inference.router.status import IDLE_REFRESH_S, REFRESH_S, StatusLoop
 from sluice_inference.router.stores.cache_store import ResultCacheStore
 from sluice_inference.router.worker_link import WorkerLink, WorkerLinks
 from tests.support.processes import eventually
@@ -449,6 +449,54 @@ async def test_the_status_pass_hands_the_core_its_cpu_pressure_only_within_the_b
     await passes(0.1, 10)  # the load went: back to the bottom of the band, where nothing is held
     assert driver.core.planner.host.pressure == pytest.approx(PRESSED)
     assert driver.core.planner.host.hold_s(0.005) == 0.0
+
+
+async def test_the_status_pass_slows_to_its_idle_cadence_only_while_the_router_has_no_work(
+    links: WorkerLinks,
+) -> None:
+    """Every `REFRESH_S` while a request is held or the loop is busy, every `IDLE_REFRESH_S` once nothing is
+    held and the loop's pressure has decayed below `IDLE_PRESSURE`: an idle router wakes once a second."""
+    driver = make_driver(links)
+    silent = FakeLink("w1")  # takes batches and never answers: they stay on the worker
+    links.add(silent)
+    join(driver, "w1")
+    status_clock = FakeClock(1000.0)
+    busy = [0.0]
+    share = [0.0]
+    interval = [REFRESH_S]
+
+    def times() -> tuple[float, float]:  # the loop wanted the CPU `share` of each pass
+        busy[0] += share[0] * interval[0]
+        return busy[0], 0.0
+
+    pressure = CpuPressure(status_clock.now, times)
+    status = status_loop(driver, HealthServicer(), status_clock, pressure=pressure)
+
+    async def next_pass() -> float:
+        interval[0] = status.next_pass_s
+        status_clock.advance(interval[0])
+        await status.refresh()
+        return status.next_pass_s
+
+    assert [await next_pass() for _ in range(2)] == [IDLE_REFRESH_S] * 2  # nothing held, nothing running
+    driver.start()
+    held = asyncio.ensure_future(infer(driver))
+    try:
+        await eventually(lambda: driver.core.view.in_flight_batches() == 1, 2.0, "a batch on w1")
+        assert await next_pass() == REFRESH_S  # a batch on a worker
+        batch = silent.sent[-1].batches[0]
+        driver.on_message("w1", worker_pb2.WorkerMessage(results=[silent._answer(batch)]))
+        assert await held == Code.OK
+        assert await next_pass() == IDLE_REFRESH_S
+        share[0] = 0.8  # the loop is busy with something the core does not hold (answers from the cache)
+        assert await next_pass() == REFRESH_S
+        share[0] = 0.0
+        cadence = [await next_pass() for _ in range(6)]
+        assert cadence[0] == REFRESH_S and cadence[-1] == IDLE_REFRESH_S  # once the pressure decayed
+        assert cadence == sorted(cadence)
+    finally:
+        held.cancel()
+        await driver.stop()
 
 
 async def overall_health(health: HealthServicer) -> int:
