@@ -41,12 +41,13 @@ REFRESH_S = 0.2
 """Between passes while the router has work: the CPU pressure the batcher reads follows a change within
 about half a second."""
 IDLE_REFRESH_S = 1.0
-"""Between passes while it has none: nothing queued, no batch on a worker, and its loop's CPU pressure under
-`IDLE_PRESSURE`. Each pass is a wake-up of an otherwise sleeping process: five a second against one cost an
-idle router ~0.2 % of a core (1.27-1.33 % against 1.07-1.13, `bench/idle_cpu.py`, two alternating pairs,
-2026-12-02). What this delays comes with no traffic: health changes (a worker joining or leaving while
-nothing is sent) show up to this much later, the watchdog (`router.watchdog_s`, 5 s) is unaffected, and a
-burst out of idle is seen by the next pass, at most this long after it starts."""
+"""Between passes while it has none: nothing queued, no batch on a worker, and its loop's CPU pressure
+under `IDLE_PRESSURE`, seen by a pass that also exported the gauges. Each pass is a wake-up of an
+otherwise sleeping process: five a second against one cost an idle router ~0.2 % of a core (1.27-1.33 %
+against 1.07-1.13, `bench/idle_cpu.py`, two alternating pairs, 2026-12-02). What this delays comes with
+no traffic: health changes (a worker joining or leaving while nothing is sent) show up to this much
+later, the watchdog (`router.watchdog_s`, 5 s) is unaffected, and a burst out of idle is seen by the next
+pass, at most this long after it starts."""
 IDLE_PRESSURE = 0.1
 """Below this smoothed CPU pressure (the share of the time the loop runs or waits to run) the loop is
 idle for the cadence's purpose: a busy spell decays below it within about four fast passes."""
@@ -152,7 +153,8 @@ class StatusLoop:
         self._export_watches()
         await self._set_health()
         pressure = self.pressure.sample()
-        if now - self._exported_at >= EXPORT_EVERY_S:
+        exporting = now - self._exported_at >= EXPORT_EVERY_S
+        if exporting:
             self._exported_at = now
             self._export_queues(now)
             self._export_cache()
@@ -160,8 +162,11 @@ class StatusLoop:
             self._fit_host_cost()
             self._metrics.cpu_pressure.set(pressure)
         self._report_host(pressure)
+        # Idle only in a pass that exported: the gauges then show the empty queues before the passes slow
+        # down, as soon as they did at the fast cadence (a reader waiting for a drained queue's gauge once
+        # waited a second longer than before).
         view = self._driver.core.view
-        idle = pressure < IDLE_PRESSURE and not view.queued() and not view.in_flight_batches()
+        idle = exporting and pressure < IDLE_PRESSURE and not view.queued() and not view.in_flight_batches()
         self.next_pass_s = IDLE_REFRESH_S if idle else REFRESH_S
 
     def _fit_host_cost(self) -> None:
