@@ -52,7 +52,7 @@ IDLE_PRESSURE = 0.1
 """Below this smoothed CPU pressure (the share of the time the loop runs or waits to run) the loop is
 idle for the cadence's purpose: a busy spell decays below it within about four fast passes."""
 EXPORT_EVERY_S = 1.0
-"""Gauges and `desired_workers` are refreshed this often (health every `REFRESH_S`)."""
+"""Gauges and `desired_workers` are refreshed this often (health every pass)."""
 CORE_STUCK_RETRY_S = 1.0
 """Hint for requests failed by the watchdog: another router (or this one, restarted) can serve them."""
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
