@@ -15,13 +15,25 @@ The regime is worker-side: the tail compared is made by lanes, batches and worke
 must keep headroom, or its own queueing makes the tail on both sides. The rate is derived at the start
 from an in-process router driven flat out (tests/support/calibration.py): where the offered load is more
 than `HEADROOM` of it, the test runs time-scaled by `scale_for` (rates divided; the model's times, the
-deadlines and the runs' durations multiplied), the same comparison slower."""
+deadlines and the runs' durations multiplied), the same comparison slower.
+
+A run the machine disturbed says nothing about lanes: a stall of a few hundred ms makes the p99 of a 10 s run
+(its 15th-worst answer) on either side, alone or mixed (16-63 ms alone on a quiet fresh machine, 79 ms in a
+failed fresh-clone run). The load generator flags such runs itself: its send lag's p99 passes
+`LAG_WARNING_S` when it could not keep its own schedule, and in probes here exactly the runs with
+disturbed tails had it at 5.7-9.3 ms, the others at 2.2-3.4 ms. So pairs are run until `PAIRS` of them
+kept the schedule on both sides (at most `MAX_PAIRS`), and the comparison takes the `PAIRS` least
+disturbed. It fails where protection is gone: with one lane per model and no cost cap (short rows padded
+to a long one's bucket), undisturbed pairs came out at 1.30 and 1.65 times, 1.47 together. With only one
+of the two broken, or round-robin worker choice and no cap, it passed here: the finer promise is the
+simulator's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +41,7 @@ import pytest
 import yaml
 
 from sluice_inference.bench.calibration import scale_for
+from sluice_inference.bench.loadgen import LAG_WARNING_S
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.calibration import router_path_speed
@@ -42,6 +55,8 @@ RATE_SHORT = 150.0
 DURATION_S = 10
 BENCH_TIMEOUT_S = 60
 TOLERANCE = 1.35
+PAIRS, MAX_PAIRS = 2, 5
+"""Pairs compared, and the most run to find that many the machine left undisturbed."""
 HEADROOM = 0.2
 """The offered load is at most this share of what the calibration's router served flat out: half what the
 throughput tests allow, because the tail compared is a few milliseconds of the workers' time, and a CPU
@@ -67,10 +82,23 @@ def repository(root: Path, scale: float) -> Path:
     return root
 
 
-async def short_p99(router: RouterServer, folder: Path, scale: float, *, with_long: bool) -> float:
-    """The short class's p99 (ms) under `DURATION_S` x `scale` of open-loop load from `sluice bench` in its
-    own process: a generator in the test's event loop would share the router's loop and add its own
-    scheduling delays to the very tail being compared."""
+@dataclass(frozen=True)
+class Run:
+    """One run's short-class p99 and how far the generator fell behind its schedule (both ms)."""
+
+    p99_ms: float
+    lag_p99_ms: float
+
+    @property
+    def undisturbed(self) -> bool:
+        """The generator kept its schedule, as `sluice bench` judges it (it warns past this)."""
+        return self.lag_p99_ms <= LAG_WARNING_S * 1000
+
+
+async def short_run(router: RouterServer, folder: Path, scale: float, *, with_long: bool) -> Run:
+    """The short class's p99 and the send lag under `DURATION_S` x `scale` of open-loop load from `sluice
+    bench` in its own process: a generator in the test's event loop would share the router's loop and add
+    its own scheduling delays to the very tail being compared."""
     deadline_ms = 2000 * scale
     classes: list[dict[str, Any]] = [
         {"name": "short", "weight": 10, "model": "seq", "deadline_ms": deadline_ms, "length": SHORT}
@@ -96,7 +124,7 @@ async def short_p99(router: RouterServer, folder: Path, scale: float, *, with_lo
     report = json.loads(report_path.read_text())
     short = next(c for c in report["classes"] if c["name"] == "short")
     assert short["ok"] == short["offered"]
-    return float(short["latency_ms"]["p99"])
+    return Run(float(short["latency_ms"]["p99"]), float(report["send_lag_ms"]["p99"]))
 
 
 async def test_long_inputs_do_not_hold_short_ones_hostage(
@@ -110,9 +138,12 @@ async def test_long_inputs_do_not_hold_short_ones_hostage(
     spawn("w-1", models="seq", repository=repo)
     spawn("w-2", models="seq", repository=repo)
     await eventually(lambda: len(accepting_workers(router)) == 2, 60, "workers accepted")
-    await short_p99(router, tmp_path, scale, with_long=True)  # warm the estimates of both lanes
-    alone, mixed = [], []
-    for _ in range(2):  # interleaved, so drift in the machine's load hits both sides alike
-        alone.append(await short_p99(router, tmp_path, scale, with_long=False))
-        mixed.append(await short_p99(router, tmp_path, scale, with_long=True))
-    assert sum(mixed) <= TOLERANCE * sum(alone), (scale, alone, mixed)
+    await short_run(router, tmp_path, scale, with_long=True)  # warm the estimates of both lanes
+    pairs: list[tuple[Run, Run]] = []
+    while len(pairs) < MAX_PAIRS and sum(a.undisturbed and m.undisturbed for a, m in pairs) < PAIRS:
+        # Interleaved, so drift in the machine's load hits both sides alike.
+        alone = await short_run(router, tmp_path, scale, with_long=False)
+        pairs.append((alone, await short_run(router, tmp_path, scale, with_long=True)))
+    compared = sorted(pairs, key=lambda pair: max(run.lag_p99_ms for run in pair))[:PAIRS]
+    alone_ms, mixed_ms = sum(a.p99_ms for a, _ in compared), sum(m.p99_ms for _, m in compared)
+    assert mixed_ms <= TOLERANCE * alone_ms, (scale, pairs)
