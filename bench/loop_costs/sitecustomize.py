@@ -4,9 +4,9 @@ A sampler cannot answer this on an idle process: py-spy counts a thread parked i
 code as running, so almost every sample of an idle router lands on a wait. Here every callback an event
 loop runs (a task step, a timer, a future's done-callback) is timed with the thread's own CPU clock and
 added up under its name (a task's step under its coroutine's), and each process writes the totals to
-`$SLUICE_LOOP_COSTS/loop-costs-PID.txt` every `DUMP_EVERY_S` while it runs. Python imports this file at
-start-up from the first `sitecustomize` on `PYTHONPATH`, so every Sluice process a command starts is covered
-(`sluice up`'s cluster passes its environment on):
+`$SLUICE_LOOP_COSTS/loop-costs-PID.txt` every `DUMP_EVERY_S` while it runs, and at a normal exit. Python
+imports this file at start-up from the first `sitecustomize` on `PYTHONPATH`, so every Sluice process a
+command starts is covered (`sluice up`'s cluster passes its environment on):
 
     mkdir -p /tmp/costs && PYTHONPATH=bench/loop_costs SLUICE_LOOP_COSTS=/tmp/costs \
         python -m sluice_inference.bench.idle_cpu --seconds 20
@@ -18,6 +18,7 @@ imports it. The totals include start-up (the `serve_*` task).
 from __future__ import annotations
 
 import asyncio.events
+import atexit
 import collections
 import os
 import sys
@@ -58,15 +59,19 @@ def _install(folder: Path) -> None:
     began = time.monotonic()
     path = folder / f"loop-costs-{os.getpid()}.txt"
 
-    def dump() -> None:
+    def write() -> None:
+        lines = [f"{' '.join(sys.argv[:3])}: {time.monotonic() - began:.0f} s"]
+        top = cpu_ns.most_common(SHOWN)
+        lines += [f"{ns / 1e6:10.2f} ms CPU {calls[name]:7d} calls  {name}" for name, ns in top]
+        path.write_text("\n".join(lines) + "\n")
+
+    def write_every_while() -> None:
         while True:
             time.sleep(DUMP_EVERY_S)
-            lines = [f"{' '.join(sys.argv[:3])}: {time.monotonic() - began:.0f} s"]
-            top = cpu_ns.most_common(SHOWN)
-            lines += [f"{ns / 1e6:10.2f} ms CPU {calls[name]:7d} calls  {name}" for name, ns in top]
-            path.write_text("\n".join(lines) + "\n")
+            write()
 
-    threading.Thread(target=dump, name="loop-costs", daemon=True).start()
+    atexit.register(write)  # a process that exits normally leaves its final totals
+    threading.Thread(target=write_every_while, name="loop-costs", daemon=True).start()
 
 
 if os.environ.get("SLUICE_LOOP_COSTS"):
