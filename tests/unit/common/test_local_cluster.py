@@ -12,7 +12,7 @@ import pytest
 
 from sluice_inference.common.config import load_config
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
-from sluice_inference.common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env
+from sluice_inference.common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env, etcd_env
 
 
 def exits_with(code: int) -> list[str]:
@@ -80,3 +80,13 @@ def test_sluice_up_gives_its_routers_a_redis_hmac_key_unless_the_config_has_one(
     config = tmp_path / "sluice.yaml"
     config.write_text("redis:\n  hmac_key: " + "k" * 32 + "\n")
     assert _redis_key_env(config, tmp_path) == {}  # the config's own key is kept (both would be an error)
+
+
+def test_sluice_up_runs_its_etcd_on_one_go_processor_unless_gomaxprocs_is_set(tmp_path: Path) -> None:
+    assert etcd_env({"GOMAXPROCS": "4"}) == {}
+    reads_it = [sys.executable, "-c", "import os, sys; sys.exit(int(os.environ['GOMAXPROCS']))"]
+    etcd = Child("etcd", reads_it, tmp_path, etcd_env({}))
+    try:
+        assert etcd.process.wait(10) == 1
+    finally:
+        etcd.stop(5)
