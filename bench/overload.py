@@ -54,10 +54,11 @@ DEADLINE_MS = 500.0
 CAPACITY_RPS = MAX_BATCH / ((BASE_MS + PER_ITEM_MS * MAX_BATCH) / 1000)
 """C at s = 1."""
 GAUGE_LAG_S = EXPORT_EVERY_S + REFRESH_S
-"""How long after a lane empties its depth gauge may still show it full: the router's status pass exports
-the gauges at most once per `EXPORT_EVERY_S`, and passes come `REFRESH_S` apart. The queues are read from
-that gauge, so how soon they drain is judged against the deadline plus this lag: the load generator has
-every answer before the wait starts, so what the wait measures beyond the lag is a request left queued."""
+"""How long after a lane empties its depth gauge may still show requests in it: the router's status pass
+exports the gauges at most once per `EXPORT_EVERY_S`, and passes come `REFRESH_S` apart. The queues are
+read from that gauge, so how soon they drain is judged against the deadline plus this lag: the load
+generator has every answer before the wait starts, so what the wait measures beyond the lag is a request
+left queued."""
 LANE_BOUND = 64
 HEADROOM = 0.4
 """3 x C is at most this share of what the router path served flat out in the calibration. With admission

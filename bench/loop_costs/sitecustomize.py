@@ -60,18 +60,20 @@ def _install(folder: Path) -> None:
     path = folder / f"loop-costs-{os.getpid()}.txt"
 
     def write() -> None:
+        # Copies first, each one C call under the GIL: the loop's thread adds names while this one reads.
+        spent, counted = dict(cpu_ns), dict(calls)
+        top = sorted(spent.items(), key=lambda item: item[1], reverse=True)[:SHOWN]
         lines = [f"{' '.join(sys.argv[:3])}: {time.monotonic() - began:.0f} s"]
-        top = cpu_ns.most_common(SHOWN)
-        lines += [f"{ns / 1e6:10.2f} ms CPU {calls[name]:7d} calls  {name}" for name, ns in top]
+        lines += [f"{ns / 1e6:10.2f} ms CPU {counted.get(name, 0):7d} calls  {name}" for name, ns in top]
         path.write_text("\n".join(lines) + "\n")
 
-    def write_every_while() -> None:
+    def write_periodically() -> None:
         while True:
             time.sleep(DUMP_EVERY_S)
             write()
 
     atexit.register(write)  # a process that exits normally leaves its final totals
-    threading.Thread(target=write_every_while, name="loop-costs", daemon=True).start()
+    threading.Thread(target=write_periodically, name="loop-costs", daemon=True).start()
 
 
 if os.environ.get("SLUICE_LOOP_COSTS"):
