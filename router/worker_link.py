@@ -9,7 +9,9 @@ under mTLS its certificate names the id, with a token it answers a challenge); a
 sent nothing but a nonce, and the link closes with the reason.
 A killed peer's socket closes at once; a frozen or cut-off one goes silent, and the link closes its own
 stream `STREAM_SILENCE_S` after the last message (load reports come every 0.25 s): one timer on the
-injected clock, re-armed from the last message when it fires, not a poll and not one timer per message.
+injected clock, re-armed from the last message when it fires, not a poll and not one timer per message
+(`SilenceWatch`). The verdict is the worker's, not the router's own: a timer that runs late means the
+router's loop was held up, and the messages of that time may still be waiting to be read.
 gRPC keepalive pings every 500 ms with a 500 ms ack deadline back that up (gRPC alone takes ~1.5 s).
 """
 
@@ -32,6 +34,12 @@ STREAM_SILENCE_S = 0.8
 """A worker reports its load every 0.25 s; a stream silent this long belongs to a frozen or cut-off
 worker (gRPC keepalive alone takes ~1.5 s to say so), so it is closed and its batches re-dispatched."""
 
+LATE_S = 0.05
+"""A silence timer that runs this long after it was due found the router's own event loop held up."""
+STALL_GRACE_S = 0.3
+"""How much longer a stream found silent by a late timer is given, once per silence, for messages that
+came in while the router's loop was held up to be read (more than a load report's interval)."""
+
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 500),
     ("grpc.keepalive_timeout_ms", 500),
@@ -43,6 +51,60 @@ KEEPALIVE_OPTIONS = [
 OnMessage = Callable[[str, worker_pb2.WorkerMessage], None]
 OnUp = Callable[[str], None]
 OnClosed = Callable[["WorkerLink", str], None]
+
+
+class SilenceWatch:
+    """Whether a worker's stream has been silent for `STREAM_SILENCE_S`, on one timer of the injected clock.
+
+    The timer is set from the first message and, when it fires, re-armed from the latest one. A timer that
+    fires more than `LATE_S` after it was due found the router's own loop held up (a collection, a stalled
+    machine, a busy caller sharing the loop): the worker's messages of that time may be waiting unread
+    behind the timer, so it looks again `STALL_GRACE_S` later before calling the stream silent. Once per
+    silence: a router whose every timer runs late still closes a dead worker's stream within
+    `STREAM_SILENCE_S + STALL_GRACE_S` and two lateness. A fresh-clone run closed both workers' streams at
+    once, and failed 15 requests, when the test's router and its load generator shared a stalled loop."""
+
+    def __init__(self, clock: Clock, on_silent: Callable[[], None]) -> None:
+        self.last_message = 0.0
+        """Clock time of the last message from the worker (its heartbeat)."""
+        self._clock = clock
+        self._on_silent = on_silent
+        self._timer: Timer | None = None
+        self._due = 0.0
+        self._excused = False
+        self._stopped = False
+
+    def heard(self) -> None:
+        """A message came; the first one starts the watch."""
+        self.last_message = self._clock.now()
+        if self._timer is None and not self._stopped:
+            self._arm(self.last_message + STREAM_SILENCE_S)
+
+    def stop(self) -> None:
+        """No verdict from now on."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, due: float) -> None:
+        self._due = due
+        self._timer = self._clock.call_at(due, self._fired)
+
+    def _fired(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
+        now = self._clock.now()
+        if now < self.last_message + STREAM_SILENCE_S:  # heard since: look again that long after it
+            self._excused = False
+            self._arm(self.last_message + STREAM_SILENCE_S)
+        elif now - self._due > LATE_S and not self._excused:
+            self._excused = True
+            self._arm(now + STALL_GRACE_S)
+        else:
+            self._stopped = True
+            self._on_silent()
 
 
 class WorkerLink:
@@ -63,16 +125,13 @@ class WorkerLink:
         self.addr = addr
         self.ready = False
         """A first message came: the worker is there."""
-        self.last_message = 0.0
-        """Clock time of the last message from the worker (its heartbeat)."""
         self.last_load: worker_pb2.LoadReport | None = None
         """The worker's latest load report (the admin view shows it)."""
         self._on_message = on_message
         self._on_up = on_up
         self._on_closed = on_closed
         self._cluster = cluster
-        self._clock = clock
-        self._silence: Timer | None = None
+        self._silence = SilenceWatch(clock, self._went_silent)
         self._silent = False
         """The stream was closed because the worker went silent."""
         self._options = [
@@ -118,12 +177,11 @@ class WorkerLink:
                 metadata = await self._cluster.authenticate(channel, self.worker_id, STREAM_METHOD)
                 call = worker_pb2_grpc.WorkerStub(channel).Stream(self._requests(), metadata=metadata)
                 async for message in call:
-                    self.last_message = self._clock.now()
+                    self._silence.heard()
                     if message.HasField("load"):
                         self.last_load = message.load
                     if not self.ready:
                         self.ready = True
-                        self._silence = self._clock.call_at(self.last_message + STREAM_SILENCE_S, self._heard)
                         self._on_up(self.worker_id)
                     self._on_message(self.worker_id, message)
         except grpc.aio.AioRpcError as exc:
@@ -133,22 +191,15 @@ class WorkerLink:
         except asyncio.CancelledError:
             reason = f"silent for {STREAM_SILENCE_S:g} s" if self._silent else "closed by router"
         finally:
-            if self._silence is not None:
-                self._silence.cancel()
+            self._silence.stop()
             self._closed = True
             self.ready = False
             self._outbox.put_nowait(None)  # ends the request generator, rather than leaving it to the GC
             self._on_closed(self, reason)
 
-    def _heard(self) -> None:
-        """The silence timer is due: close a stream silent for `STREAM_SILENCE_S`, else look again that long
-        after its last message."""
-        self._silence = None
+    def _went_silent(self) -> None:
+        """The watch found the worker silent: close the stream (its batches are re-dispatched)."""
         if self._closed:
-            return
-        due = self.last_message + STREAM_SILENCE_S
-        if self._clock.now() < due:
-            self._silence = self._clock.call_at(due, self._heard)
             return
         log.warning("worker %s silent for %.2f s: closing its stream", self.worker_id, STREAM_SILENCE_S)
         self._silent = True
