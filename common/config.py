@@ -274,6 +274,10 @@ class WorkerSettings(_Section):
     there (docs/operations.md, "Worker capacity"; figures in docs/benchmarks.md)."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """Longest a drain waits for in-flight batches before exiting anyway."""
+    idle_report_interval_s: float = Field(default=1.0, ge=0.25, le=5.0)
+    """How often a worker with no batches reports its load to the routers (its heartbeat); every 0.25 s
+    while it holds any. A router closes an idle worker's stream after this plus 0.55 s of silence, and a
+    busy one's 0.8 s after its last message or batch sent (common/heartbeat.py). 0.25: never slower."""
     dev: bool = False
     """Development mode (`sluice worker --dev`): accept the cluster token that deploy/overlays/dev
     publishes (common/dev_token.py). Anywhere reachable by others, leave it off: that token is public."""

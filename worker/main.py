@@ -51,14 +51,15 @@ from sluice_inference.worker.backends import load_backend
 from sluice_inference.worker.executor import Executor, LoadedModel, warmup_items
 from sluice_inference.worker.gpu_metrics import GpuSampler
 from sluice_inference.worker.metrics import WorkerMetrics
+from sluice_inference.worker.report_cadence import ReportCadence
 from sluice_inference.worker.repository import scan_repository
 from sluice_inference.worker.runner import BatchRunner
 from sluice_inference.worker.servicer import WorkerAdminServicer, WorkerState, WorkerStreamServicer
 
 log = logging.getLogger(__name__)
 
-LOAD_REPORT_INTERVAL_S = 0.25
-"""Also the heartbeat routers watch: a stream silent for 3 intervals is declared dead."""
+GPU_SAMPLE_INTERVAL_S = 1.0
+"""NVML's utilisation and memory, sampled with the load report at most this often."""
 # Time for routers to see DRAINING on their stream before we trust the runner's idleness.
 DRAIN_SETTLE_S = 0.2
 MIN_PING_INTERVAL_MS = 400
@@ -94,7 +95,9 @@ class WorkerProcess:
             on_device_fault=self._on_device_fault,
             forward_on_loop=settings.forward_on_loop,
         )
-        self.state = WorkerState(self.worker_id, self.runner)
+        self.state = WorkerState(
+            self.worker_id, self.runner, ReportCadence(self.clock, settings.idle_report_interval_s)
+        )
         self.health = HealthServicer()
         self.port = 0
         self.started_at = time.time()
@@ -238,16 +241,22 @@ class WorkerProcess:
         return response
 
     async def _report_load(self) -> None:
+        """The heartbeat: a load report on every stream when the cadence says (worker/heartbeat.py)."""
         gpu = GpuSampler.create(self.config.worker.device, self.metrics)
-        ticks = 0
+        cadence = self.state.cadence
+        sampled_gpu = self.clock.now()
         while True:
-            await self.clock.sleep(LOAD_REPORT_INTERVAL_S)
+            await cadence.wait()
+            cadence.plan_next(
+                holding_work=self.runner.pending_batches > 0,
+                every_stream_reads=self.state.every_stream_reads_interval(),
+            )
             self.state.broadcast()
             self.metrics.busy_ratio.set(self.runner.busy_fraction())
             connected = self._registration is not None and self._registration.connected
             self.metrics.etcd_up.set(1 if connected else 0)
-            ticks += 1
-            if gpu is not None and ticks % 4 == 0:  # NVML once a second is plenty
+            if gpu is not None and (now := self.clock.now()) - sampled_gpu >= GPU_SAMPLE_INTERVAL_S:
+                sampled_gpu = now
                 gpu.sample()
 
     async def drain(self) -> None:

@@ -80,6 +80,8 @@ class StreamState:
     held: set[int] = field(default_factory=set)
     """Item ids of this stream's accepted batches not yet answered."""
     open: bool = True
+    reads_interval: bool = False
+    """The router reads `LoadReport.report_interval_ms`: the worker may report less often when idle."""
 
     def send(self, message: worker_pb2.WorkerMessage) -> None:
         """Queue a message for the router (dropped if the stream is gone: nobody is listening)."""

@@ -16,8 +16,10 @@ from typing import Any, TypeAlias
 import grpc
 
 from sluice_inference.common.clock import Clock, wait_until
+from sluice_inference.common.heartbeat import reads_report_interval
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sluice_inference.worker.auth import stream_caller
+from sluice_inference.worker.report_cadence import ReportCadence
 from sluice_inference.worker.runner import BatchRunner, StreamState
 
 log = logging.getLogger(__name__)
@@ -27,21 +29,28 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class WorkerState:
     """The worker's lifecycle state, and the streams to tell when it changes."""
 
-    def __init__(self, worker_id: str, runner: BatchRunner) -> None:
+    def __init__(self, worker_id: str, runner: BatchRunner, cadence: ReportCadence) -> None:
         self.worker_id = worker_id
         self.state: worker_pb2.WorkerState.ValueType = worker_pb2.WORKER_STATE_STARTING
         self.runner = runner
+        self.cadence = cadence
+        """When the next load report is due (the heartbeat; worker/heartbeat.py)."""
         self.streams: set[StreamState] = set()
 
     def load_report(self) -> worker_pb2.LoadReport:
-        """The current load, as sent to routers."""
+        """The current load, as sent to routers, with when the next report is due."""
         return worker_pb2.LoadReport(
             worker_id=self.worker_id,
             state=self.state,
             queued_batches=self.runner.pending_batches,
             queued_items=self.runner.queued_items,
             busy_fraction=self.runner.busy_fraction(),
+            report_interval_ms=self.cadence.announced_ms(),
         )
+
+    def every_stream_reads_interval(self) -> bool:
+        """Whether every open stream's router reads `report_interval_ms` (so reports may slow down)."""
+        return all(stream.reads_interval for stream in self.streams)
 
     def broadcast(self) -> None:
         """Send the current load report on every open stream."""
@@ -67,7 +76,7 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
         """Read batches into the runner; write results and load reports back. The gate has proved the
         caller is a router of the cluster (worker/auth.py) before this runs."""
         log.info("stream opened by %s", stream_caller(context))
-        stream = StreamState()
+        stream = StreamState(reads_interval=reads_report_interval(context.invocation_metadata()))
         self._state.streams.add(stream)
         reader = asyncio.create_task(self._read(request_iterator, stream))
         try:
@@ -87,6 +96,7 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
                     stream.cancel(message.cancel.item_ids)
                 if message.batches:
                     self._state.runner.submit(message.batches, stream)
+                    self._state.cadence.work_arrived()
         # The router closed its side: let pending results go out, then end the stream.
         await self._state.runner.wait_idle(within_s=60.0)
         stream.outbox.put_nowait(None)

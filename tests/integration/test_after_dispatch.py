@@ -25,18 +25,21 @@ from tests.unit.worker.fakes import synthetic_config, write_model
 pytestmark = pytest.mark.integration
 
 HANG = 777.0
+LONG_FORWARD_S = 1.5
+"""A forward longer than the router's 0.8 s silence bound, so only the worker's reports keep its stream."""
 LATE_TOLERANCE_S = 0.5
 """Stated tolerance on when the client sees the router's answer (two shared, noisy cores)."""
 
 
-def hanging_repository(root: Path) -> Path:
-    """The demo-shaped `synthetic` model (1 ms per batch) whose device hangs on a row starting with HANG."""
+def hanging_repository(root: Path, hang_s: float = 600.0) -> Path:
+    """The demo-shaped `synthetic` model (1 ms per batch) whose device hangs `hang_s` on a row starting
+    with HANG."""
     tensor = {"datatype": "FP32", "dims": [16]}
     config = synthetic_config(
         "synthetic",
         inputs=[{"name": "x", **tensor}],
         outputs=[{"name": "y", **tensor}],
-        synthetic={"base_ms": 1.0, "per_item_ms": 0.0, "hang_trigger": HANG, "hang_s": 600.0},
+        synthetic={"base_ms": 1.0, "per_item_ms": 0.0, "hang_trigger": HANG, "hang_s": hang_s},
     )
     write_model(root, config)
     return root
@@ -88,3 +91,21 @@ async def test_a_worker_whose_forward_hangs_is_treated_as_lost(
     # a retry hint, seconds before the 30 s deadline the old router would have waited for.
     assert status == "UNAVAILABLE" and reason in {"worker_lost", "no_worker"}
     assert took < 10
+
+
+async def test_a_long_forward_on_a_worker_that_was_idle_keeps_its_stream(
+    make_router: MakeRouter, spawn: Spawn, tmp_path: Path
+) -> None:
+    """An idle worker reports once a second, and the router then wants word within 0.8 s of a batch it
+    sends: the batch must bring the worker back to its busy pace, or its stream is closed as silent."""
+    router = await make_router()
+    spawn("w-slow", repository=hanging_repository(tmp_path / "models", hang_s=LONG_FORWARD_S))
+    await eventually(lambda: router.driver.core.serves("synthetic", "1"), 60, "the worker to serve")
+    link = router.links.get("w-slow")
+    assert link is not None
+    await eventually(
+        lambda: link.last_load is not None and link.last_load.report_interval_ms > 900, 5, "idle reports"
+    )
+    status, _, took = await call(router, request(HANG, 10_000_000))
+    assert status == "OK" and took >= LONG_FORWARD_S
+    assert router.links.get("w-slow") is link and not link.closed

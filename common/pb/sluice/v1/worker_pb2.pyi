@@ -5,7 +5,9 @@ Router <-> worker protocol: one long-lived bidirectional stream per (router, wor
 
 The router sends batches (and cancellations of items it already sent); the worker answers every batch
 with exactly one BatchResult carrying an outcome for every item (and the worker's queue after it), and
-sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
+sends a LoadReport when the stream opens, when its state changes and every 0.25 s while it holds work
+(less often when idle, to a router that sends the metadata `sluice-reads-report-interval`: each report
+then says when the next one is due, and the router's silence bound follows it). Item ids are chosen
 by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
 nothing by them beyond the stream they came on).
 Items travel packed: one buffer per input per batch, one per output per answer, ids, rows and budgets
@@ -425,6 +427,7 @@ class LoadReport(_message.Message):
     QUEUED_BATCHES_FIELD_NUMBER: _builtins.int
     QUEUED_ITEMS_FIELD_NUMBER: _builtins.int
     BUSY_FRACTION_FIELD_NUMBER: _builtins.int
+    REPORT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     state: Global___WorkerState.ValueType
     queued_batches: _builtins.int
@@ -434,6 +437,10 @@ class LoadReport(_message.Message):
     queued_items: _builtins.int
     busy_fraction: _builtins.float
     """Fraction of the last 5 s (to within 0.25 s) the device spent on forwards (staging included)."""
+    report_interval_ms: _builtins.int
+    """The next report comes within this many milliseconds (0: unsaid, the 250 ms of a busy worker). Read
+    only by routers that announced it in the stream's metadata; they bound it (router/worker_link.py).
+    """
     def __init__(
         self,
         *,
@@ -442,10 +449,11 @@ class LoadReport(_message.Message):
         queued_batches: _builtins.int = ...,
         queued_items: _builtins.int = ...,
         busy_fraction: _builtins.float = ...,
+        report_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_fraction", b"busy_fraction", "queued_batches", b"queued_batches", "queued_items", b"queued_items", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_fraction", b"busy_fraction", "queued_batches", b"queued_batches", "queued_items", b"queued_items", "report_interval_ms", b"report_interval_ms", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

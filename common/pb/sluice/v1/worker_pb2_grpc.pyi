@@ -5,7 +5,9 @@ Router <-> worker protocol: one long-lived bidirectional stream per (router, wor
 
 The router sends batches (and cancellations of items it already sent); the worker answers every batch
 with exactly one BatchResult carrying an outcome for every item (and the worker's queue after it), and
-sends a LoadReport when the stream opens, when its state changes and every 0.25 s. Item ids are chosen
+sends a LoadReport when the stream opens, when its state changes and every 0.25 s while it holds work
+(less often when idle, to a router that sends the metadata `sluice-reads-report-interval`: each report
+then says when the next one is due, and the router's silence bound follows it). Item ids are chosen
 by the router and unique within a stream; batch ids likewise (not across streams: the worker keys
 nothing by them beyond the stream they came on).
 Items travel packed: one buffer per input per batch, one per output per answer, ids, rows and budgets
