@@ -57,10 +57,19 @@ class ReportCadence:
         """Batches came on a stream (once per stream message: one flag test while the cadence is fast)."""
         self._worked = True
         if self._slow:
-            self._slow = False
-            self._due = min(self._due, self._clock.now() + BUSY_REPORT_INTERVAL_S)
-            if self._woken is not None:
-                _wake(self._woken)
+            self._hurry()
+
+    def deaf_stream_opened(self) -> None:
+        """A router that does not read the announcement opened a stream: it expects the busy pace from
+        its first message on, so the pending report is brought forward now, not one idle interval later."""
+        if self._slow:
+            self._hurry()
+
+    def _hurry(self) -> None:
+        self._slow = False
+        self._due = min(self._due, self._clock.now() + BUSY_REPORT_INTERVAL_S)
+        if self._woken is not None:
+            _wake(self._woken)
 
     def plan_next(self, *, holding_work: bool, every_stream_reads: bool) -> None:
         """A report goes out now: set when the next one is due. Slow only when the worker holds no batch,

@@ -77,6 +77,8 @@ class WorkerStreamServicer(worker_pb2_grpc.WorkerServicer):
         caller is a router of the cluster (worker/auth.py) before this runs."""
         log.info("stream opened by %s", stream_caller(context))
         stream = StreamState(reads_interval=reads_report_interval(context.invocation_metadata()))
+        if not stream.reads_interval:
+            self._state.cadence.deaf_stream_opened()
         self._state.streams.add(stream)
         reader = asyncio.create_task(self._read(request_iterator, stream))
         try:

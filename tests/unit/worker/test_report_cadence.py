@@ -70,6 +70,16 @@ async def test_a_batch_arriving_while_slow_brings_the_next_report_forward() -> N
     assert reports.due == pytest.approx(100.3 + BUSY_REPORT_INTERVAL_S)
 
 
+def test_an_older_router_opening_a_stream_while_slow_brings_the_next_report_forward() -> None:
+    clock, reports = cadence()
+    reports.plan_next(holding_work=False, every_stream_reads=True)
+    clock.advance(0.1)
+    reports.deaf_stream_opened()  # its bound is 0.8 s from the stream's first report
+    assert reports.due == pytest.approx(100.1 + BUSY_REPORT_INTERVAL_S)
+    reports.plan_next(holding_work=False, every_stream_reads=False)  # and stays busy while it is there
+    assert reports.announced_ms() == 250
+
+
 async def test_an_idle_worker_waits_its_whole_interval() -> None:
     clock, reports = cadence()
     reports.plan_next(holding_work=False, every_stream_reads=True)
