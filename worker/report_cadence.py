@@ -10,7 +10,8 @@ one at the latest (`LoadReport.report_interval_ms`), from which the router sets 
 Only routers that said they read the announcement (common/heartbeat.py `REPORT_INTERVAL_METADATA`) may
 be sent the slow cadence: an older router keeps its fixed 0.8 s bound and would close an idle worker's
 stream.
-The cadence is the worker's, one for every stream, so a single older router keeps it fast.
+The cadence is the worker's, one for every stream, so a single older router keeps it fast, from the
+moment its stream opens.
 A batch arriving while the cadence is slow brings the next report forward to within the busy interval:
 the router measures its bound from the batch it sent, not from the last report.
 """
