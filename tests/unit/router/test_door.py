@@ -2,9 +2,9 @@
 through a burst shorter than the sustain time; once the wait has stayed above the bound that long it
 shrinks the admitted fraction at most once per measured delay, spreads refusals evenly, never refuses
 everything, recovers additively until it admits everything again, and closes again once the wait has
-stayed above the bound for a tenth of a second if it comes back soon after (a single late sample then is
-served); and it hands what it admits out by priority level, highest first, so a gold tenant
-keeps its requests while bronze absorbs the refusals."""
+stayed above twice the bound for a tenth of a second if it comes back soon after (a single late sample,
+or waits just over the bound, are served then); and it hands what it admits out by priority level,
+highest first, so a gold tenant keeps its requests while bronze absorbs the refusals."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sluice_inference.router.policy.door import (
     HOLD_MAX_S,
     INCREASE,
     MIN_FRACTION,
+    REARM_FACTOR,
     REARM_S,
     REARM_SUSTAIN_S,
     Door,
@@ -115,6 +116,22 @@ def test_soon_after_opening_a_wait_that_lasts_closes_the_door_quickly_later_the_
     for step in range(5):  # the re-arm has lapsed: a burst shorter than the sustain is served again
         door.observe(0.100, late_for_from + step * REARM_SUSTAIN_S)
     assert not door.engaged and admitted(door, 50) == 50
+
+
+def test_soon_after_opening_waits_just_over_the_bound_are_served_until_they_last_the_sustain_time() -> None:
+    door = Door(BOUND, SUSTAIN, fraction=1.0 - INCREASE, engaged=True)
+    door.observe(0.001, 0.0)
+    assert not door.engaged
+    just_over = BOUND * (1 + REARM_FACTOR) / 2  # over the bound, under the re-arm's factor
+    for step in range(10):  # half a second of them, as a router near its capacity sees now and then
+        door.observe(just_over, 1.0 + step * 0.05)
+    door.observe(2 * REARM_FACTOR * BOUND, 1.5)  # one sample far over it does not last either
+    door.observe(just_over, 1.55)
+    door.observe(0.001, 1.6)
+    assert not door.engaged and admitted(door, 50) == 50
+    for step in range(round(SUSTAIN / 0.05) + 1):  # a wait that lasts the sustain time is a standing queue
+        door.observe(just_over, 2.0 + step * 0.05)
+    assert door.engaged and door.fraction == DECREASE
 
 
 def test_a_door_with_no_bound_never_refuses() -> None:
