@@ -151,6 +151,10 @@ class Driver:
         self._batch_spans: dict[int, tuple[str, Span]] = {}
         self._bound: dict[str, _BoundMetrics] = {}
         self._alarm = Alarm(clock)
+        self.arrivals = Alarm(clock)
+        """Set by every request handed to the core: an idle router's status pass sleeps on it
+        (router/status.py), so the first pass under new load, and the CPU pressure the batcher holds on,
+        come with the load rather than up to `IDLE_REFRESH_S` later."""
         self._sleeping_until = float("inf")
         self._answered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -229,6 +233,7 @@ class Driver:
             response_bytes=decoded.response_bytes,
             cost=decoded.cost,
         )
+        self.arrivals.set()
         self._carry_out(self.core.arrive(now, request), now)
         if not future.done():
             metrics = self._metrics

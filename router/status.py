@@ -46,8 +46,10 @@ under `IDLE_PRESSURE`, seen by a pass that also exported the gauges. Each pass i
 otherwise sleeping process: five a second against one cost an idle router ~0.2 % of a core (1.27-1.33 %
 against 1.07-1.13, `bench/idle_cpu.py`, two alternating pairs, 2026-12-02). What this delays comes with
 no traffic: health changes (a worker joining or leaving while nothing is sent) show up to this much
-later, the watchdog (`router.watchdog_s`, 5 s) is unaffected, and a burst out of idle is seen by the next
-pass, at most this long after it starts."""
+later, and the watchdog (`router.watchdog_s`, 5 s) is unaffected. A request brings the next pass
+forward (`Driver.arrivals`): waiting out this interval, a burst out of idle ran on one- and two-row
+batches until the pressure caught up, up to 1.5 s, and queued calls for 160-320 ms at 1,200 req/s on
+one core (docs/performance.md, 2026-12-03)."""
 IDLE_PRESSURE = 0.1
 """Below this smoothed CPU pressure (the share of the time the loop runs or waits to run) the loop is
 idle for the cadence's purpose: a busy spell decays below it within about four fast passes."""
@@ -141,7 +143,12 @@ class StatusLoop:
                 await self.refresh()
             except Exception:  # a failing export must not stop health from being kept current
                 log.exception("the router's status pass failed")
-            await self._clock.sleep(self.next_pass_s)
+            if self.next_pass_s < IDLE_REFRESH_S:
+                await self._clock.sleep(self.next_pass_s)
+            else:  # idle: the next request brings the next pass forward
+                arrivals = self._driver.arrivals
+                arrivals.clear()
+                await arrivals.sleep_until(self._clock.now() + self.next_pass_s)
 
     async def refresh(self) -> None:
         """One status pass: the watchdog and health every pass; gauges and the autoscaling target at most

@@ -503,6 +503,39 @@ async def test_the_status_pass_slows_to_its_idle_cadence_only_while_the_router_h
         await driver.stop()
 
 
+async def test_an_idle_status_pass_is_brought_forward_by_the_next_request(links: WorkerLinks) -> None:
+    """An idle router's next pass is up to `IDLE_REFRESH_S` away, but a request brings it forward at once:
+    the CPU pressure the batcher holds on is sampled with a burst, not a second into it."""
+    clock = FakeClock(1000.0)  # the driver's and the status pass's, as in a router: it never moves here
+    driver = make_driver(links, clock=clock)
+    links.add(FakeLink("w1"))  # takes batches and never answers: the request stays held
+    join(driver, "w1")
+    status = status_loop(driver, HealthServicer(), clock)
+    passes = [0]
+    refresh = status.refresh
+
+    async def counted() -> None:
+        passes[0] += 1
+        await refresh()
+
+    status.refresh = counted  # type: ignore[method-assign]
+    driver.start()
+    status.start()
+    held = None
+    try:
+        await eventually(lambda: passes[0] == 1 and status.next_pass_s == IDLE_REFRESH_S, 2.0, "an idle pass")
+        await asyncio.sleep(0.05)
+        assert passes[0] == 1  # asleep until the clock moves or a request comes
+        held = asyncio.ensure_future(infer(driver))
+        await eventually(lambda: passes[0] == 2, 2.0, "a pass brought forward by the request")
+        assert status.next_pass_s == REFRESH_S  # a batch on a worker: the busy cadence
+    finally:
+        if held is not None:
+            held.cancel()
+        await status.stop()
+        await driver.stop()
+
+
 async def overall_health(health: HealthServicer) -> int:
     check = await health.Check(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
     return int(check.status)
