@@ -49,7 +49,8 @@ no traffic: health changes (a worker joining or leaving while nothing is sent) s
 later, and the watchdog (`router.watchdog_s`, 5 s) is unaffected. A request brings the next pass
 forward (`Driver.arrivals`): waiting out this interval, a burst out of idle ran on one- and two-row
 batches until the pressure caught up, up to 1.5 s, and queued calls for 160-320 ms at 1,200 req/s on
-one core (docs/performance.md, 2026-12-03)."""
+one core (docs/performance.md, 2026-12-03). So a trickle of requests a second or more apart gets up to
+five passes each (the busy cadence until an exporting pass finds the router idle again)."""
 IDLE_PRESSURE = 0.1
 """Below this smoothed CPU pressure (the share of the time the loop runs or waits to run) the loop is
 idle for the cadence's purpose: a busy spell decays below it within about four fast passes."""
