@@ -77,7 +77,7 @@ REARM_FACTOR = 2.0
 """How far above the bound a wait must stay to close a recently opened door quickly. Near its capacity a
 router's waits cross the bound for a tenth of a second every few seconds and come back: closing on those
 made a door that closed once (on the load generator's first burst) close again and again, each re-opening
-arming the next close, and refused 5-30 % of a load the router serves whole when the door stays open
+arming the next close, and refused 3-28 % of a load the router serves whole when the door stays open
 (docs/performance.md, 2026-12-03). A load the router cannot take is back above twice the bound within a
 tenth of a second at 1.4x its capacity."""
 RETRY_AFTER_S = 0.1
