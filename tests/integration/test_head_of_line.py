@@ -22,8 +22,13 @@ A run the machine disturbed says nothing about lanes: a stall of a few hundred m
 failed fresh-clone run). The load generator flags such runs itself: its send lag's p99 passes
 `LAG_WARNING_S` when it could not keep its own schedule, and in probes here exactly the runs with
 disturbed tails had it at 5.7-9.3 ms, the others at 2.2-3.4 ms. So pairs are run until `PAIRS` of them
-kept the schedule on both sides (at most `MAX_PAIRS`), and the comparison takes the `PAIRS` least
-disturbed. It fails where protection is gone: with one lane per model and no cost cap (short rows padded
+kept the schedule on both sides (at most `MAX_PAIRS`), and only such pairs are compared. When the machine
+leaves fewer than that (a fresh-clone run beside other work had all five pairs at 6-23 ms, the p99s
+rising from 15 to 115 ms on both sides), the test is skipped and says so: those tails measure the
+machine, and asserting on them failed a change that touched neither lanes nor workers. A router that
+hogged the CPU would disturb the generator too, but that is the throughput and idle tests' to catch;
+lanes, cost caps and worker choice do not move the generator's schedule. It fails where protection is
+gone: with one lane per model and no cost cap (short rows padded
 to a long one's bucket), undisturbed pairs came out at 1.30 and 1.65 times, 1.47 together. With only one
 of the two broken, or round-robin worker choice and no cap, it passed here: the finer promise is the
 simulator's."""
@@ -140,10 +145,18 @@ async def test_long_inputs_do_not_hold_short_ones_hostage(
     await eventually(lambda: len(accepting_workers(router)) == 2, 60, "workers accepted")
     await short_run(router, tmp_path, scale, with_long=True)  # warm the estimates of both lanes
     pairs: list[tuple[Run, Run]] = []
-    while len(pairs) < MAX_PAIRS and sum(a.undisturbed and m.undisturbed for a, m in pairs) < PAIRS:
+    kept: list[tuple[Run, Run]] = []
+    while len(pairs) < MAX_PAIRS and len(kept) < PAIRS:
         # Interleaved, so drift in the machine's load hits both sides alike.
         alone = await short_run(router, tmp_path, scale, with_long=False)
         pairs.append((alone, await short_run(router, tmp_path, scale, with_long=True)))
-    compared = sorted(pairs, key=lambda pair: max(run.lag_p99_ms for run in pair))[:PAIRS]
-    alone_ms, mixed_ms = sum(a.p99_ms for a, _ in compared), sum(m.p99_ms for _, m in compared)
+        if all(run.undisturbed for run in pairs[-1]):
+            kept.append(pairs[-1])
+    if len(kept) < PAIRS:
+        lags = [round(max(run.lag_p99_ms for run in pair), 1) for pair in pairs]
+        pytest.skip(
+            f"the load generator fell behind its schedule in {len(pairs) - len(kept)} of {len(pairs)} "
+            f"pairs (send lag p99 {lags} ms, over {LAG_WARNING_S * 1000:g}): the machine made their tails"
+        )
+    alone_ms, mixed_ms = sum(a.p99_ms for a, _ in kept), sum(m.p99_ms for _, m in kept)
     assert mixed_ms <= TOLERANCE * alone_ms, (scale, pairs)
