@@ -23,14 +23,28 @@ def test_a_forward_costs_some_cpu_per_call(model_file: Path) -> None:
     assert 0 < forward_rows.cpu_per_forward(model, rows=4, features=8, calls=50) < 1.0
 
 
-def test_it_prints_one_line_per_batch_size(
-    model_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_sleep_between_forwards_is_not_counted(model_file: Path) -> None:
+    model = torch.jit.load(str(model_file)).eval()  # type: ignore[no-untyped-call]
+    assert forward_rows.cpu_per_forward(model, rows=4, features=8, calls=5, gap_s=0.05) < 0.02
+
+
+@pytest.mark.parametrize("as_loaded", [False, True])
+def test_it_prints_the_module_s_form_and_one_line_per_batch_size(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_loaded: bool
 ) -> None:
+    frozen: list[torch.jit.ScriptModule] = []
+
+    def for_inference(module: torch.jit.ScriptModule, artifact: Path) -> torch.jit.ScriptModule:
+        frozen.append(module)
+        return module
+
+    monkeypatch.setattr(forward_rows, "for_inference", for_inference)
     argv = ["forward_rows", str(model_file), "--features", "8", "--rows", "1,3,16", "--calls", "20"]
-    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "argv", argv + ["--as-loaded"] * as_loaded)
     forward_rows.main()
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[0] == "rows"
-    assert [int(line.split()[0]) for line in lines[1:]] == [1, 3, 16]
+    assert ("as loaded" in lines[0]) is as_loaded and len(frozen) == (not as_loaded)
+    assert lines[1].split()[0] == "rows"
+    assert [int(line.split()[0]) for line in lines[2:]] == [1, 3, 16]
     per_call, per_row = (float(v) for v in lines[-1].split()[1:])
     assert per_row == pytest.approx(per_call / 16, abs=1)
