@@ -1,0 +1,73 @@
+"""How much CPU the rest of the machine took while a test ran: everything but this test process and its
+children (the router in-process, spawned workers, etcd, a load generator), and the time a hypervisor gave
+other guests while this one wanted it (steal).
+
+A latency test that compares tails measures its own processes only while nothing else competes for the
+cores: on these shared 2-core machines a type check or another suite in a neighbouring shell doubled a
+p99 of 15 ms on one side of a comparison and not the other, with the test's own load generator keeping
+its schedule (tests/integration/test_head_of_line.py). Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""/proc/stat's cpu line: user, nice, system, irq, softirq, steal (idle and iowait are not busy)."""
+
+
+def _machine_busy_s() -> float:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return sum(int(fields[i]) for i in BUSY_FIELDS) / TICKS_PER_S
+
+
+def _children_of() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root` and every live descendant, with what each has reaped of its exited children
+    (so a child's CPU stays counted once it has exited and been waited for)."""
+    children = _children_of()
+    ticks, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+        pending.extend(children.get(pid, ()))
+    return ticks / TICKS_PER_S
+
+
+class ForeignCpu:
+    """CPU the rest of the machine used since this was made (this process's tree excluded)."""
+
+    def __init__(self) -> None:
+        self._root = os.getpid()
+        self._began = time.monotonic()
+        self._busy_s = _machine_busy_s()
+        self._own_s = tree_cpu_s(self._root)
+
+    def cpu_s(self) -> float:
+        """CPU seconds of foreign work since this was made."""
+        return max(0.0, (_machine_busy_s() - self._busy_s) - (tree_cpu_s(self._root) - self._own_s))
+
+    def cores(self) -> float:
+        """Average cores of foreign work since this was made."""
+        elapsed = time.monotonic() - self._began
+        return self.cpu_s() / elapsed if elapsed > 0 else 0.0
