@@ -35,13 +35,17 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 Metadata = tuple[tuple[str, str], ...]
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process `pid` has used so far, from /proc/<pid>/stat."""
+def process_cpu_s(pid: int, *, reaped: bool = False) -> float:
+    """CPU seconds (user + system, all threads) process `pid` has used so far, from /proc/<pid>/stat; with
+    `reaped`, also what its exited children used once it waited for them."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         # Fields after the parenthesised command name (which may hold spaces): utime and stime are the
-        # 12th and 13th of them.
+        # 12th and 13th of them, cutime and cstime (waited-for children) the 14th and 15th.
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    used = int(fields[11]) + int(fields[12])
+    if reaped:
+        used += int(fields[13]) + int(fields[14])
+    return used / CLOCK_TICKS
 
 
 def one_row_request(model: str, input_name: str = "x", width: int = 16) -> kserve.ModelInferRequest:

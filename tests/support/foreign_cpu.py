@@ -14,14 +14,15 @@ import os
 import time
 from pathlib import Path
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+from sluice_inference.bench.calibration import CLOCK_TICKS, process_cpu_s
+
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 """/proc/stat's cpu line: user, nice, system, irq, softirq, steal (idle and iowait are not busy)."""
 
 
 def _machine_busy_s() -> float:
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    return sum(int(fields[i]) for i in BUSY_FIELDS) / TICKS_PER_S
+    return sum(int(fields[i]) for i in BUSY_FIELDS) / CLOCK_TICKS
 
 
 def _children_of() -> dict[int, list[int]]:
@@ -42,16 +43,15 @@ def tree_cpu_s(root: int) -> float:
     """CPU seconds of `root` and every live descendant, with what each has reaped of its exited children
     (so a child's CPU stays counted once it has exited and been waited for)."""
     children = _children_of()
-    ticks, pending = 0, [root]
+    used, pending = 0.0, [root]
     while pending:
         pid = pending.pop()
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            used += process_cpu_s(pid, reaped=True)
+        except OSError:  # gone since the listing
             continue
-        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
         pending.extend(children.get(pid, ()))
-    return ticks / TICKS_PER_S
+    return used
 
 
 class ForeignCpu:
