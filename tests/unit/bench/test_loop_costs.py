@@ -1,5 +1,6 @@
-"""bench/loop_costs: a process started with it writes the CPU its event loop's callbacks spent, by name;
-without `SLUICE_LOOP_COSTS` nothing is patched or written."""
+"""bench/loop_costs: a process started with it writes the CPU its event loop's callbacks spent, by name, and
+its loop's turns by length, the long ones by what ran in them; without `SLUICE_LOOP_COSTS` nothing is
+patched or written."""
 
 from __future__ import annotations
 
@@ -47,6 +48,25 @@ def test_each_task_is_charged_the_cpu_its_steps_spent(tmp_path: Path) -> None:
     cpu_ms, steps = float(match[1]), int(match[2])
     assert 100 <= cpu_ms < 1000  # five steps of 20 ms of its thread's CPU each
     assert steps == 6  # the five that spin and the one that returns
+
+
+def test_turns_are_counted_by_length_and_the_long_ones_by_the_callbacks_that_ran_in_them(
+    tmp_path: Path,
+) -> None:
+    _run({"SLUICE_LOOP_COSTS": str(tmp_path)})
+    [written] = tmp_path.glob("loop-costs-*.txt")
+    text = written.read_text()
+    turns_line = r"^turns: (\d+) \(\d+ a second\), callbacks [\d.]+ s of wall time; by length in ms: (.*)$"
+    counted = re.search(turns_line, text, re.MULTILINE)
+    assert counted is not None, text
+    lengths = dict(entry.split(" ") for entry in counted[2].split(", "))
+    assert (
+        int(lengths.get("<50", 0)) + int(lengths.get(">50", 0)) >= 5
+    )  # each spin: 20 ms of its thread's CPU
+    assert int(counted[1]) == sum(int(n) for n in lengths.values()) >= 6
+    spins = re.search(r"^\s+(\d+) turns  task spins$", text, re.MULTILINE)
+    assert spins is not None, text
+    assert 5 <= int(spins[1]) <= 6  # the five spins (the returning step too, if the machine stalled it)
 
 
 def test_without_the_variable_the_event_loop_is_left_alone(tmp_path: Path) -> None:
