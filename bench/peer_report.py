@@ -1,10 +1,13 @@
 """Tables and overload curves from one sitting of `bench/peer_sitting.sh`.
 
 The sitting leaves `OUT/t<timeout>/<label>/<peer>.jsonl` (the shared harness's lines: offered, achieved
-and good rates, percentiles, errors, timeouts, the server's CPU). Per client timeout this prints one
-markdown table per system, then, for the goals of issue 11, each system's saturation rate (the highest with
-at least 99 % within the SLO) with its CPU per request, its peak goodput, and its goodput at 2x and 4x the
-saturation rate (the nearest measured rates), and draws goodput and p99 against the offered rate (`--plot`).
+and good rates, percentiles, errors, timeouts, the server's CPU and the CPU other work on the machine took
+meanwhile). A point that other work disturbed (over `DISTURBED` of a core) is run again by the sitting;
+of the tries at one rate the report keeps the least disturbed, and marks a kept point that is still
+disturbed. Per client timeout this prints one markdown table per system, then, for the goals of issue
+11, each system's saturation rate (the highest with at least 99 % within the SLO) with its CPU per
+request, its peak goodput, and its goodput at 2x and 4x the saturation rate (the nearest measured
+rates), and draws goodput and p99 against the offered rate (`--plot`).
 
     python -m sluice_inference.bench.peer_report /tmp/sitting --plot docs/figures/peers.png
 """
@@ -13,9 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+DISTURBED = 0.05
+"""Other work on the machine above this share of a core during a point makes the point disturbed: a burst
+of other work makes a 15 s run's tail while its average stays small (`bench/peer_sitting.sh` runs such a
+point again, `OTHER_MAX`)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,15 @@ class Point:
     cpu: float | None
     """Cores the server used."""
     refusals: dict[str, int]
+    other: float | None = None
+    """Cores other work on the machine used meanwhile (None: not recorded)."""
+    tries: int = 1
+    """Runs at this rate, this one the least disturbed (`kept`)."""
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether other work took more than `DISTURBED` of a core during the point."""
+        return self.other is not None and self.other > DISTURBED
 
     @property
     def within_slo(self) -> float:
@@ -67,11 +84,22 @@ def read_points(folder: Path) -> dict[str, list[Point]]:
                     timeouts=data["timeouts"],
                     cpu=data.get("server_cpu_frac"),
                     refusals=data.get("error_kinds", {}),
+                    other=data.get("other_cpu_frac"),
                 )
             )
-    for points in systems.values():
-        points.sort(key=lambda p: p.offered)
-    return systems
+    return {label: kept(points) for label, points in systems.items()}
+
+
+def kept(points: list[Point]) -> list[Point]:
+    """One point per offered rate, by rate: of a rate's tries the least disturbed (the first of equals),
+    counting the tries."""
+    by_rate: dict[float, list[Point]] = {}
+    for point in points:
+        by_rate.setdefault(point.offered, []).append(point)
+    return [
+        replace(min(tries, key=lambda p: p.other or 0.0), tries=len(tries))
+        for _, tries in sorted(by_rate.items())
+    ]
 
 
 def _ms(value: float | None) -> str:
@@ -84,14 +112,15 @@ def table(label: str, points: list[Point]) -> str:
         f"**{label}**",
         "",
         "| offered/s | OK/s | within SLO/s | within SLO | p50 / p99 ms | errors | timeouts | server CPU "
-        "| CPU per OK |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| CPU per OK | other CPU | tries |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
+        other = "-" if p.other is None else f"{p.other:.2f}{' disturbed' if p.disturbed else ''}"
         rows.append(
             f"| {p.offered:.0f} | {p.achieved:.0f} | {p.goodput:.0f} | {p.within_slo:.1%} | "
             f"{_ms(p.p50_ms)} / {_ms(p.p99_ms)} | {p.errors} | {p.timeouts} | "
-            f"{'-' if p.cpu is None else f'{p.cpu:.2f}'} | {_per(p)} |"
+            f"{'-' if p.cpu is None else f'{p.cpu:.2f}'} | {_per(p)} | {other} | {p.tries} |"
         )
     return "\n".join(rows)
 
@@ -114,6 +143,10 @@ def overload_summary(label: str, points: list[Point]) -> str:
         else f"{label}: never 99 % within the SLO",
         f"peak {peak.goodput:.0f}/s within SLO at {peak.offered:.0f} offered",
     ]
+    disturbed = [p for p in points if p.disturbed]
+    if disturbed:
+        shares = ", ".join(f"{p.offered:.0f}/s ({p.other:.2f} of a core)" for p in disturbed)
+        parts.append(f"disturbed by other work at {shares}")
     shown = {base.offered}
     for multiple in (2, 4):
         point = min(points, key=lambda p: abs(p.offered - multiple * base.offered))

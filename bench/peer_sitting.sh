@@ -8,6 +8,9 @@
 #      that system), TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
 #      TAGS (the harness's endpoints, default grpc), SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
 #      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset),
+#      OTHER_MAX (default 0.05; empty: never) and RETRIES (default 2): a point during which other work on the
+#      machine took more than OTHER_MAX of a core (the harness's other_cpu_frac) is run again, up to RETRIES
+#      more times; peer_report keeps the least disturbed try of each rate and marks one still disturbed,
 #      FLOOR_RATE (default 800; empty skips): a bare grpc.aio server's CPU per answered and per refused call
 #      at that rate (bench/grpc_floor.py), into OUT/floor.txt: the floor under refusing (issue 17),
 #      MINIMAL_RATES (default empty: skipped) and MINIMAL_HOLDS (default "5 15"): our minimal path
@@ -24,10 +27,25 @@ door_ms=${DOOR_MS-20}  # empty: leave the router's default (a checkout without t
 [[ -n $door_ms ]] && export SLUICE_ROUTER__DOOR_MAX_DELAY_MS=$door_ms
 label=${SLUICE_LABEL:-sluice}
 
-point() {  # point NAME RATE TIMEOUT LABEL
-  local dir="$out/t$3"
+other_max=${OTHER_MAX-0.05} retries=${RETRIES:-2}
+
+other_work() {  # other_work JSONL -> the other_cpu_frac of its last line (0 when it has none)
+  tail -n 1 "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("other_cpu_frac", 0))'
+}
+
+point() {  # point NAME RATE TIMEOUT LABEL, run again while other work disturbs it
+  local dir="$out/t$3" try other
   mkdir -p "$dir"
-  RESULTS_DIR="$dir/$4" TIMEOUT=$3 "${PEERS_HARNESS:-$peers}/sweep.sh" "$1" "$2" || echo "[sitting] $4 at $2 failed" >&2
+  for ((try = 0; try <= retries; try++)); do
+    if ! RESULTS_DIR="$dir/$4" TIMEOUT=$3 "${PEERS_HARNESS:-$peers}/sweep.sh" "$1" "$2"; then
+      echo "[sitting] $4 at $2 failed" >&2
+      return 0
+    fi
+    [[ -n $other_max ]] || return 0
+    other=$(other_work "$dir/$4/$1.jsonl")
+    python3 -c 'import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))' "$other" "$other_max" && return 0
+    echo "[sitting] $4 at $2: other work took $other of a core (over $other_max)" >&2
+  done
 }
 
 minimal_harness() {  # minimal_harness HOLD_MS -> a copy of the harness whose `minpath` is our minimal path
