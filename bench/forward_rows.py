@@ -8,10 +8,14 @@ timed as the worker runs it, frozen and optimized for inference (worker/backends
 froze its modules: the peers' MLP costs up to twice as much that way). Each size is warmed up, then timed
 over `--calls` forwards with `time.process_time`, inside `torch.inference_mode`. `--gap-ms` sleeps between
 the timed forwards (the sleep is not CPU time): a worker's forwards are spaced by its own and the router's
-work, and a forward after a pause finds its weights out of the caches.
+work, and a forward after a pause finds its weights out of the caches. With `--spin` the gap is spent
+busy instead, touching no memory (the gap's CPU is not counted either): the core never idles and nothing
+of this process evicts the weights, so what a gap still costs is other work on the machine reclaiming
+the shared cache (docs/performance.md, "The afternoon of 2026-12-03").
 
     python -m sluice_inference.bench.forward_rows ~/.cache/sluice-peers/models/mlp/1/model.pt
     python -m sluice_inference.bench.forward_rows MODEL.pt --features 256 --rows 1,2,4,8,16,32 [--gap-ms 1]
+        [--spin]
 """
 
 from __future__ import annotations
@@ -26,10 +30,16 @@ from sluice_inference.worker.backends.torchscript import for_inference
 
 
 def cpu_per_forward(
-    model: torch.jit.ScriptModule, rows: int, features: int, calls: int, gap_s: float = 0.0
+    model: torch.jit.ScriptModule,
+    rows: int,
+    features: int,
+    calls: int,
+    gap_s: float = 0.0,
+    *,
+    spin: bool = False,
 ) -> float:
-    """CPU seconds of one forward of `rows` rows, averaged over `calls` after a warm-up, `gap_s` of sleep
-    between them."""
+    """CPU seconds of one forward of `rows` rows, averaged over `calls` after a warm-up, `gap_s` between
+    them asleep (or busy, with `spin`)."""
     x = torch.randn(rows, features)
     with torch.inference_mode():
         for _ in range(max(10, calls // 10)):
@@ -37,11 +47,21 @@ def cpu_per_forward(
         spent = 0.0
         for _ in range(calls):
             if gap_s:
-                time.sleep(gap_s)
+                _gap(gap_s, spin)
             start = time.process_time()
             model(x)
             spent += time.process_time() - start
         return spent / calls
+
+
+def _gap(seconds: float, spin: bool) -> None:
+    """Wait `seconds`, asleep, or busy on the clock alone (touching no memory) with `spin`."""
+    if not spin:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def main() -> None:
@@ -51,6 +71,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,3,4,5,6,8,16,32", help="batch sizes, comma-separated")
     parser.add_argument("--calls", type=int, default=300, help="timed forwards per size")
     parser.add_argument("--gap-ms", type=float, default=0.0, help="sleep between timed forwards (ms)")
+    parser.add_argument("--spin", action="store_true", help="spend the gap busy, not asleep")
     parser.add_argument(
         "--as-loaded", action="store_true", help="time the module as loaded, not frozen for inference"
     )
@@ -62,7 +83,7 @@ def main() -> None:
     print(f"# the module {form}")
     print("rows  µs per forward  µs per row")
     for rows in (int(r) for r in args.rows.split(",")):
-        seconds = cpu_per_forward(model, rows, args.features, args.calls, args.gap_ms / 1000)
+        seconds = cpu_per_forward(model, rows, args.features, args.calls, args.gap_ms / 1000, spin=args.spin)
         print(f"{rows:4d}  {seconds * 1e6:14.0f}  {seconds * 1e6 / rows:10.0f}")
 
 

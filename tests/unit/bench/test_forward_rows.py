@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,12 @@ def test_a_forward_costs_some_cpu_per_call(model_file: Path) -> None:
     assert 0 < forward_rows.cpu_per_forward(model, rows=4, features=8, calls=50) < 1.0
 
 
-def test_the_sleep_between_forwards_is_not_counted(model_file: Path) -> None:
+@pytest.mark.parametrize("spin", [False, True])
+def test_the_gap_between_forwards_is_not_counted(model_file: Path, spin: bool) -> None:
     model = torch.jit.load(str(model_file)).eval()  # type: ignore[no-untyped-call]
-    assert forward_rows.cpu_per_forward(model, rows=4, features=8, calls=5, gap_s=0.05) < 0.02
+    started = time.perf_counter()
+    assert forward_rows.cpu_per_forward(model, rows=4, features=8, calls=5, gap_s=0.05, spin=spin) < 0.02
+    assert time.perf_counter() - started >= 5 * 0.05  # the gaps were kept, asleep or busy
 
 
 @pytest.mark.parametrize("as_loaded", [False, True])
