@@ -7,7 +7,7 @@
 # env: SLUICE_RATES, TRITON_RATES, MLSERVER_RATES, ECHO_RATES, MINPATH_RATES (a rate list; empty skips
 #      that system), TIMEOUTS ("2 0.05"), DURATION (15), PEERS (../shared/peers),
 #      TAGS (the harness's endpoints, default grpc), SLUICE_PROJECT (the checkout to measure, default this one), SLUICE_LABEL (default sluice),
-#      DOOR_MS (the router's door_max_delay_ms for the run, default 20: near the 50 ms SLO; empty: unset),
+#      DOOR_MS (the router's door_max_delay_ms for the run, default 30: 0.6 of the 50 ms SLO; empty: unset),
 #      OTHER_MAX (default 0.05; empty: never) and RETRIES (default 2): a point during which other work on the
 #      machine took more than OTHER_MAX of a core (the harness's other_cpu_frac) is run again, up to RETRIES
 #      more times; peer_report keeps the least disturbed try of each rate and marks one still disturbed,
@@ -23,7 +23,7 @@ project=$(cd "$(dirname "$0")/.." && pwd)
 peers=$(cd "${PEERS:-$project/../shared/peers}" && pwd)
 mkdir -p "$out"
 export DURATION=${DURATION:-15} SLUICE_PROJECT=${SLUICE_PROJECT:-$project} TAGS=${TAGS:-grpc}  # Sluice speaks gRPC only
-door_ms=${DOOR_MS-20}  # empty: leave the router's default (a checkout without the door)
+door_ms=${DOOR_MS-30}  # empty: leave the router's default (a checkout without the door)
 [[ -n $door_ms ]] && export SLUICE_ROUTER__DOOR_MAX_DELAY_MS=$door_ms
 label=${SLUICE_LABEL:-sluice}
 
