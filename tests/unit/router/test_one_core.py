@@ -30,7 +30,7 @@ from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, ItemAnswer, Served
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLinks
-from tests.unit.router.test_driver import FakeLink
+from tests.unit.router.driver_support import FakeLink
 
 SCENARIO = {
     "duration_s": 1.0,
