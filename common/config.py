@@ -213,13 +213,15 @@ class RouterSettings(_Section):
     door_sustain_s: float = Field(default=1.0, ge=0)
     """How long the wait must exceed `door_max_delay_ms` before the door first refuses anything: bursts
     that drain and closed-loop clients' standing queues are served."""
-    pressure_hold_factor: float = Field(default=3.0, ge=1.0, le=10.0)
+    pressure_hold_factor: float = Field(default=5.0, ge=1.0, le=10.0)
     """While the router's own CPU is short, how far past a model's `batching.max_wait_ms` a lane may hold
     its oldest request for a fuller batch: the hold grows with the CPU pressure of the router's event loop,
     from none at 0.5 to this many times `max_wait_ms` at 0.9 (docs/batching.md). A saturated router's calls
     already wait for it before its code runs, as Triton's requests wait for a busy model instance past
-    `max_queue_delay_microseconds`; fewer, fuller batches leave it more CPU for them. 1 keeps every hold
-    within `max_wait_ms`; a model with `max_wait_ms: 0` is never held; budgets still cut."""
+    `max_queue_delay_microseconds`; fewer, fuller batches leave it more CPU for them (on one core shared
+    with its worker, 5 held the SLO at 1,300-1,500 req/s in 8 of 12 runs, 3 in 2: docs/performance.md,
+    2026-12-03). 1 keeps every hold within `max_wait_ms`; a model with `max_wait_ms: 0` is never held;
+    budgets still cut."""
     batcher: Literal["adaptive", "timer"] = "adaptive"
     """`adaptive`: batch size from the latency model and arrival rate; `timer`: the classic fixed
     max_batch_size + max_wait (Triton's dynamic batcher), kept for comparison."""

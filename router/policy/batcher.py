@@ -42,7 +42,7 @@ behind a balancer, each sees about 1/N of the traffic and shares every worker wi
   its calls already wait for it before its code runs; a model's `max_wait` of 0 turns the hold off. The
   hold lowers the pressure it reacts to: the loop settles where the two meet. Measured on one core shared
   by router and worker (docs/performance.md): the rate held within the SLO and goodput under overload
-  both rose with it, and again when the hold could reach three times `max_wait`.
+  both rose with it, again when the hold could reach three times `max_wait`, and again at five.
 Under overload n* is the full batch, which maximises throughput; when idle n* = 1, which minimises latency.
 """
 
