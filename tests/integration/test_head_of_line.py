@@ -24,7 +24,10 @@ when it could not keep its own schedule, and in probes here exactly the runs wit
 5.7-9.3 ms, the others at 2.2-3.4 ms. Other work on the machine can disturb the router and the workers without
 the generator noticing: a type check run beside the suite took one mixed run's p99 from ~17 to 39 ms with the
 send lag at 3.2 ms, so a run also counts as disturbed when the rest of the machine took more than
-`FOREIGN_MAX_CORES` in any 2 s of it (tests/support/foreign_cpu.py). So pairs are run until `PAIRS` ran
+`FOREIGN_MAX_CORES` in any 2 s of it (tests/support/foreign_cpu.py). The router itself runs in the test's
+process, so a full collection of the session's heap would stall it too (once 368 ms inside a mixed run, with
+both guards quiet): `make_router` freezes that heap while its routers run (tests/integration/conftest.py),
+and the pauses seen here fell from 380 ms to under 3 ms. So pairs are run until `PAIRS` ran
 undisturbed on both sides (at most `MAX_PAIRS`), and only such pairs are compared. When the machine leaves
 fewer than that (a fresh-clone run beside other work had all five pairs at 6-23 ms, the p99s rising from 15 to
 115 ms on both sides), the test is skipped and says so: those tails measure the machine, and asserting on them
