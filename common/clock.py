@@ -5,9 +5,10 @@ Every `now` in router/ and worker/ is a float of seconds on a monotonic scale ow
 core (router/policy/) is given it as a parameter and never reads time itself; the async shells read it
 from their clock. Deadlines are absolute times on that scale, set once at admission. Every timer and sleep
 of the shells goes through the same clock: `call_at` (a callback at an absolute time), `sleep`, and the
-helpers built on `call_at` below (`sleep_until`, `wait_until`). Production uses `MonotonicClock`, whose
-timers are the running event loop's (asyncio's loop time is `time.monotonic()`, the same scale); tests and
-the simulator use `FakeClock`, which moves only when told to and fires the timers it passes.
+helpers built on `call_at` below (`Alarm`, `sleep_until`, `wait_until`). Production uses
+`MonotonicClock`, whose timers are the running event loop's (asyncio's loop time is `time.monotonic()`,
+the same scale); tests and the simulator use `FakeClock`, which moves only when told to and fires the
+timers it passes.
 
 What is rightly not a Clock: `time.time()` for wall-clock records (log lines, records other processes
 read, certificates), `time.perf_counter()`/`time.process_time()` for measuring how long something took
@@ -127,6 +128,41 @@ class FakeClock:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class Alarm:
+    """A sleep that an event can cut short (the router's decision loop and its status pass sleep on one):
+    `sleep_until(when)` returns when `set()` was called since the last `clear()`, or once the clock
+    reaches `when`. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python
+    3.11 it never swallows a cancellation that arrives just as it is woken (which once left a router's stop
+    waiting forever), and it costs one future per sleep instead of a task."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        """Wake the sleeper now, or make its next sleep return at once."""
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def clear(self) -> None:
+        """Forget earlier `set` calls."""
+        self._set = False
+
+    async def sleep_until(self, when: float) -> None:
+        """Until set, or the clock reaches `when`."""
+        if self._set:
+            return
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        alarm = self._clock.call_at(when, self.set)
+        try:
+            await waiter
+        finally:
+            alarm.cancel()
+            self._waiter = None
 
 
 async def sleep_until(clock: Clock, when: float) -> None:

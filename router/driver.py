@@ -1,7 +1,8 @@
 """The asyncio driver of the router core: translates events into core calls, carries decisions out.
 
 It holds no policy and no copy of the core's state. What it owns is I/O and the shell's half of each
-request: the caller's future, its trace span, the batch spans it opened, metrics. Events arrive from the
+request: the caller's future, its trace span, the batch spans it opened (router/batch_spans.py),
+metrics. Events arrive from the
 servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and load reports, and
 `worker_connected`), from membership (`worker_registered`, `worker_left`) and from the peers' view
 (tenants, the peer routers and their demand, publish rounds); the loop only wakes the core at the times it
@@ -23,32 +24,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from opentelemetry.trace import (
-    Link,
-    NoOpTracer,
-    Span,
-    SpanContext,
-    Status,
-    StatusCode,
-    Tracer,
-    get_current_span,
-)
+from opentelemetry.trace import NoOpTracer, SpanContext, Tracer, get_current_span
 
-from sluice_inference.common.batch_tensors import pack_buffers, split_buffers
-from sluice_inference.common.clock import Clock, wait_until
+from sluice_inference.common.clock import Alarm, Clock, wait_until
 from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.loop_metrics import CounterChild, HistogramChild
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
-from sluice_inference.common.telemetry import inject
+from sluice_inference.router.batch_spans import BatchSpans
+from sluice_inference.router.batch_wire import core_answer, wire_batch
 from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest, ServedBy
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
-from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.lanes import LaneLimits, QueuedRequest
-from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Dispatch, ItemAnswer, Served
+from sluice_inference.router.policy.outcomes import Decision, Dispatch, Served
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLinks
 
@@ -92,40 +83,6 @@ def _waiter(request: QueuedRequest) -> Waiter:
     return request.payload
 
 
-class Alarm:
-    """What the decision loop sleeps on: `sleep_until(when)` returns when `set()` was called since the last
-    `clear()`, or once the clock reaches `when`. Unlike `asyncio.wait_for(event.wait(), timeout)` on Python
-    3.11 it never swallows a cancellation that arrives just as it is woken (which once left a router's stop
-    waiting forever), and it costs one future per sleep instead of a task."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        """Wake the sleeper now, or make its next sleep return at once."""
-        self._set = True
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def clear(self) -> None:
-        """Forget earlier `set` calls."""
-        self._set = False
-
-    async def sleep_until(self, when: float) -> None:
-        """Until set, or the clock reaches `when`."""
-        if self._set:
-            return
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
-        alarm = self._clock.call_at(when, self.set)
-        try:
-            await waiter
-        finally:
-            alarm.cancel()
-            self._waiter = None
-
-
 class Driver:
     """Runs one RouterCore under asyncio."""
 
@@ -145,10 +102,9 @@ class Driver:
         """When the decision loop last ran (the watchdog's evidence that it is alive)."""
         self._links = links
         self._metrics = metrics
-        self._tracer = tracer or NoOpTracer()
         self._tracing = tracer is not None
         """Whether requests carry spans to link batches to (no OpenTelemetry call per request if not)."""
-        self._batch_spans: dict[int, tuple[str, Span]] = {}
+        self._batch_spans = BatchSpans(tracer or NoOpTracer())
         self._bound: dict[str, _BoundMetrics] = {}
         self._alarm = Alarm(clock)
         self.arrivals = Alarm(clock)
@@ -206,8 +162,7 @@ class Driver:
         """End every queued and in-flight request with `error` (stuck or failed loop, shutdown)."""
         now = self.clock.now()
         self._carry_out(self.core.abandon(now, error), now)
-        for batch_id in list(self._batch_spans):
-            self._end_batch_span(batch_id, error.message)
+        self._batch_spans.end_all(error.message)
 
     # -- requests -----------------------------------------------------------------------------------------
     async def infer(
@@ -274,10 +229,10 @@ class Driver:
             self._carry_out(self.core.worker_reported(now, worker_id, ready, load.queued_batches), now)
 
     def _on_result(self, worker_id: str, result: worker_pb2.BatchResult, now: float) -> None:
-        self._end_batch_span(result.batch_id)
+        self._batch_spans.end(result.batch_id)
         self._model_metrics(self._model_of(result.batch_id)).execute.observe(result.execute_us / 1e6)
         try:
-            decision = self.core.answered(now, worker_id, _answer(result))
+            decision = self.core.answered(now, worker_id, core_answer(result))
         except Exception as exc:
             log.exception("handling the answer to batch %d failed", result.batch_id)
             error = Internal(f"the router failed on this request's answer ({type(exc).__name__})")
@@ -326,7 +281,7 @@ class Driver:
     def worker_left(self, worker_id: str, reason: str) -> None:
         """A worker is gone (deregistered or its stream broke)."""
         now = self.clock.now()
-        self._end_worker_spans(worker_id, f"worker lost: {reason}")
+        self._batch_spans.end_worker(worker_id, f"worker lost: {reason}")
         self._carry_out(self.core.worker_left(now, worker_id, reason), now)
         self._answered.set()
         self._answered = asyncio.Event()
@@ -394,7 +349,7 @@ class Driver:
             ids = [r.request_id for r in dispatch.requests]
             log.exception("building batch %d (requests %s) failed", dispatch.batch_id, ids)
             error = Internal(f"the router failed to send this request's batch ({type(exc).__name__})")
-            self._end_batch_span(dispatch.batch_id, error.message)
+            self._batch_spans.end(dispatch.batch_id, error.message)
             self._carry_out(self.core.fail_batch(now, dispatch.batch_id, error), now)
             return False
         message = outgoing.get(dispatch.worker_id)
@@ -414,30 +369,19 @@ class Driver:
             log.exception("sending batches %s to %s failed", [d.batch_id for d in batches], worker_id)
             error = Internal(f"the router failed to send this request's batch ({type(exc).__name__})")
             for dispatch in batches:
-                self._end_batch_span(dispatch.batch_id, error.message)
+                self._batch_spans.end(dispatch.batch_id, error.message)
                 self._carry_out(self.core.fail_batch(now, dispatch.batch_id, error), now)
             return
         for dispatch in batches:
-            self._end_batch_span(dispatch.batch_id, "no open stream")
+            self._batch_spans.end(dispatch.batch_id, "no open stream")
             self._carry_out(self.core.send_failed(now, dispatch.batch_id, "no open stream"), now)
 
     def _batch(self, dispatch: Dispatch, now: float) -> worker_pb2.Batch:
-        """The wire batch: ids, rows and budgets packed, one buffer per input holding every item's rows."""
+        """The wire batch (router/batch_wire.py), its metrics observed and its span opened."""
         model = dispatch.lane.model
         requests = dispatch.requests
         decoded = [_waiter(r).decoded for r in requests]
-        batch = worker_pb2.Batch(
-            batch_id=dispatch.batch_id,
-            model=model,
-            version=dispatch.lane.version,
-            item_ids=[r.request_id for r in requests],
-            item_rows=[d.rows for d in decoded],
-            budgets_us=[DeadlineBudget.wire_budget_us(r.deadline, now) for r in requests],
-        )
-        for index, first in enumerate(decoded[0].inputs):
-            tensors = [d.inputs[index] for d in decoded]
-            shapes = [t.shape[1:] for t in tensors]
-            batch.inputs.append(pack_buffers(first.name, first.datatype, shapes, [t.data for t in tensors]))
+        batch = wire_batch(dispatch, decoded, now)
         metrics = self._model_metrics(model)
         for request in requests:
             metrics.queue_wait.observe(now - request.arrival)
@@ -447,49 +391,18 @@ class Driver:
         metrics.batch_size.observe(dispatch.rows)
         metrics.batch_fill.observe(dispatch.rows / decoded[0].record.max_batch_size)
         if self._tracing:
-            self._trace_batch(dispatch, batch)
+            self._batch_spans.open(dispatch, batch, [_waiter(r).span for r in requests])
         return batch
 
     def _disconnect(self, worker_id: str) -> None:
         """A hung worker: close its stream (its registration, if still there, reconnects it later)."""
         log.error("worker %s holds batches and answered none for too long: treating it as lost", worker_id)
-        self._end_worker_spans(worker_id, "worker hung")
+        self._batch_spans.end_worker(worker_id, "worker hung")
         link = self._links.get(worker_id)
         if link is not None:
             task = asyncio.create_task(link.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-
-    # -- tracing ------------------------------------------------------------------------------------------
-    def _trace_batch(self, dispatch: Dispatch, batch: worker_pb2.Batch) -> None:
-        """Open the batch span, linked to every request it carries; the worker's span becomes its child."""
-        links = [Link(w.span) for r in dispatch.requests if (w := _waiter(r)).span is not None]
-        if not links:
-            return
-        span = self._tracer.start_span(
-            "sluice.batch",
-            links=links,
-            attributes={
-                "sluice.model": dispatch.lane.model,
-                "sluice.version": dispatch.lane.version,
-                "sluice.batch_rows": dispatch.rows,
-                "sluice.worker": dispatch.worker_id,
-                "sluice.cut_reason": dispatch.reason,
-            },
-        )
-        batch.trace_context.update(inject(span))
-        self._batch_spans[dispatch.batch_id] = (dispatch.worker_id, span)
-
-    def _end_batch_span(self, batch_id: int, error: str = "") -> None:
-        entry = self._batch_spans.pop(batch_id, None)
-        if entry is not None:
-            if error:
-                entry[1].set_status(Status(StatusCode.ERROR, error))
-            entry[1].end()
-
-    def _end_worker_spans(self, worker_id: str, error: str) -> None:
-        for batch_id in [b for b, (w, _) in self._batch_spans.items() if w == worker_id]:
-            self._end_batch_span(batch_id, error)
 
     def _model_metrics(self, model: str) -> _BoundMetrics:
         """The per-model metric children, bound once (a `labels()` lookup costs several µs per call)."""
@@ -505,23 +418,3 @@ class Driver:
     def _model_of(self, batch_id: int) -> str:
         dispatch = self.core.view.dispatch(batch_id)
         return "unknown" if dispatch is None else dispatch.lane.model
-
-
-def _answer(result: worker_pb2.BatchResult) -> BatchAnswer:
-    """A worker's BatchResult as the core reads it (outputs stay the shell's): each output's buffer split
-    into the items' own tensors here, the one place the router copies an item's rows."""
-    items = {}
-    for error in result.errors:
-        items[error.item_id] = ItemAnswer(error.code or int(Code.UNKNOWN), error.message, error.worker_fault,
-                                          error.reason)  # fmt: skip
-    ids, rows = result.item_ids, result.item_rows
-    if len(ids) != len(rows):
-        raise ValueError(f"batch {result.batch_id}: {len(ids)} item ids but {len(rows)} item rows")
-    outputs = [(t.name, t.datatype, split_buffers(t, rows)) for t in result.outputs]
-    for index, item_id in enumerate(ids):
-        tensors = [Tensor(name, datatype, *parts[index]) for name, datatype, parts in outputs]
-        items[item_id] = ItemAnswer(outputs=tensors)
-    forward_rows = result.forward_rows or result.executed_size
-    return BatchAnswer(
-        result.batch_id, items, forward_rows, result.execute_us / 1e6, queued_batches=result.queued_batches
-    )

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 from sluice_inference.common.clock import (
+    Alarm,
     FakeClock,
     MonotonicClock,
     cancel_until_done,
@@ -65,6 +66,38 @@ async def test_a_bounded_wait_ends_on_the_event_or_at_the_clocks_limit() -> None
     clock.advance(2.0)
     assert not await timed_out and not never.done()  # the waited-on future is left alone
     never.cancel()
+
+
+async def test_an_alarm_wakes_its_sleeper_when_set_or_at_the_clocks_time_and_remembers_an_early_set() -> None:
+    clock = FakeClock(0.0)
+    alarm = Alarm(clock)
+    sleeper = asyncio.create_task(alarm.sleep_until(5.0))
+    await settle()
+    alarm.set()
+    await settle()
+    assert sleeper.done() and clock.now() == 0.0  # woken by the set, not the clock
+    await alarm.sleep_until(5.0)  # set since the last clear: returns at once
+    alarm.clear()
+    sleeper = asyncio.create_task(alarm.sleep_until(5.0))
+    await settle()
+    clock.advance(4.0)
+    await settle()
+    assert not sleeper.done()
+    clock.advance(1.0)
+    await settle()
+    assert sleeper.done() and clock.next_timer() is None  # its timer went with the sleep
+
+
+async def test_a_cancelled_alarm_sleep_raises_even_when_set_at_the_same_turn() -> None:
+    clock = FakeClock(0.0)
+    alarm = Alarm(clock)
+    sleeper = asyncio.create_task(alarm.sleep_until(5.0))
+    await settle()
+    alarm.set()
+    sleeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sleeper
+    assert sleeper.cancelled()
 
 
 async def test_the_monotonic_clock_uses_the_loop_timers_on_its_own_scale() -> None:
