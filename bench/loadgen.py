@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import datetime
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from sluice_inference.bench.loadgen_schedule import Schedule, build_schedule, ra
 from sluice_inference.bench.loadgen_stats import ClassLabel, RequestRecord, summarize
 from sluice_inference.common.client import channel_options
 from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY, from_rpc_error
+from sluice_inference.common.heap import frozen_heap
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.tensors import dtype_of
@@ -251,12 +251,8 @@ async def run_scenario(scenario: Scenario, *, connect_timeout_s: float = 10.0) -
         plans = [plan_class(c, metadata[(c.model, c.version)], payload_rng) for c in scenario.classes]
         schedule = build_schedule(scenario)
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        gc.collect()
-        gc.freeze()  # setup objects leave the collector's view: fewer, shorter pauses during the run
-        try:
+        with frozen_heap(collect=True):  # setup objects leave the collector's view: shorter pauses in the run
             records = await _Run(schedule, plans, stubs).fire_all()
-        finally:
-            gc.unfreeze()
     finally:
         await asyncio.gather(*(c.close() for c in channels))
     report = summarize(records, labels(scenario), scenario.duration_s)

@@ -16,11 +16,17 @@ a few reference cycles behind (grpc.aio's call state and servicer context point 
 done-callback is added, and its interceptor continuation is a closure over the call's details): those are
 what the young collections find, and a larger threshold finds them with fewer passes over the calls still
 in flight. Objects created later (a model version loaded at run time) are collected as usual.
+
+A process that is not a server but runs a long stretch of work beside a large heap it built first (the load
+generator's run, an in-process router under test beside the test session's heap) freezes that heap for the
+stretch only (`frozen_heap`), and gives it back to the collector afterwards.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 YOUNG_THRESHOLD = 10_000
 """Allocations between young-generation collections (CPython's default is 700): a few hundred calls'
@@ -35,3 +41,30 @@ def settle_after_startup() -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
+
+
+class _OpenBlocks:
+    """How many `frozen_heap` blocks are open in this process (only the outermost gives the heap back)."""
+
+    count = 0
+
+
+@contextmanager
+def frozen_heap(*, collect: bool = False) -> Iterator[None]:
+    """While the block runs, the objects that exist now are out of the collector's view (`gc.freeze`): a
+    full collection then scans only what the block creates. `collect` collects first, so what is already
+    garbage is not kept frozen (a full collection: a fraction of a second in a large heap). When the
+    outermost block ends everything is back in the collector's view, garbage left from before included
+    (an inner block, such as a load generator run by a test that already froze the heap, freezes what is
+    new and leaves the rest frozen). Not for a server process, whose start-up heap stays frozen for good
+    (`settle_after_startup`)."""
+    if collect:
+        gc.collect()
+    gc.freeze()
+    _OpenBlocks.count += 1
+    try:
+        yield
+    finally:
+        _OpenBlocks.count -= 1
+        if not _OpenBlocks.count:
+            gc.unfreeze()

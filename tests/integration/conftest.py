@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
+from sluice_inference.common.heap import frozen_heap
 from sluice_inference.router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import WorkerProcess
@@ -115,7 +116,6 @@ async def make_router(
     against 12-15 ms in its other runs. Freezing moves no memory and is undone at teardown, so what the
     session left behind is collected later, outside the router's runs."""
     started: list[RouterServer] = []
-    gc.freeze()
 
     async def make(**sections: Any) -> RouterServer:
         router = sections.setdefault("router", RouterSettings(listen="127.0.0.1:0", metrics_port=0))
@@ -130,12 +130,10 @@ async def make_router(
         gc.freeze()  # its own start-up objects too, as `settle_after_startup` does
         return server
 
-    try:
+    with frozen_heap():
         yield make
         for server in started:
             await server.stop(grace=0.5)
-    finally:
-        gc.unfreeze()
 
 
 @pytest.fixture

@@ -37,3 +37,45 @@ def test_start_up_objects_are_frozen_and_later_cycles_are_still_collected() -> N
     assert state["threshold"][0] == YOUNG_THRESHOLD
     assert state["enabled"]
     assert state["collected"]  # the collector still finds garbage made after start-up
+
+
+BLOCKS = """
+import gc, json, weakref
+from sluice_inference.common.heap import frozen_heap
+
+class Node:
+    pass
+
+before = Node(); before.me = before        # cyclic garbage from before the block
+gone_before = weakref.ref(before)
+del before
+seen = {}
+with frozen_heap():
+    seen["outer"] = gc.get_freeze_count()
+    with frozen_heap():
+        inner = Node(); inner.me = inner   # garbage made inside: the collector still finds it
+        gone_inner = weakref.ref(inner)
+        del inner
+        gc.collect()
+        seen["inner_collected"] = gone_inner() is None
+    seen["after_inner"] = gc.get_freeze_count()
+    gc.collect()
+    seen["before_kept_in_block"] = gone_before() is not None
+seen["after_outer"] = gc.get_freeze_count()
+gc.collect()
+seen["before_collected_after"] = gone_before() is None
+print(json.dumps(seen))
+"""
+
+
+def test_a_frozen_block_hides_the_heap_from_the_collector_until_the_outermost_block_ends() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKS], capture_output=True, text=True, timeout=60, check=True
+    )
+    seen = json.loads(done.stdout)
+    assert seen["outer"] > 0
+    assert seen["inner_collected"]  # what the block makes is still collected
+    assert seen["after_inner"] >= seen["outer"]  # an inner block's end leaves the outer's heap frozen
+    assert seen["before_kept_in_block"]  # garbage from before waits, frozen, while the block runs
+    assert seen["after_outer"] == 0
+    assert seen["before_collected_after"]  # and is collected once the heap is given back
