@@ -22,6 +22,17 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def wakes_after(clock: FakeClock, sleeper: asyncio.Task[None], seconds: float) -> None:
+    """Assert that `sleeper` sleeps on until the clock has moved `seconds`, and not a moment longer."""
+    await settle()
+    clock.advance(seconds - 1.0)
+    await settle()
+    assert not sleeper.done()
+    clock.advance(1.0)
+    await settle()
+    assert sleeper.done()
+
+
 def test_timers_fire_in_time_order_when_the_clock_passes_them_and_never_once_cancelled() -> None:
     clock = FakeClock(10.0)
     fired: list[str] = []
@@ -40,14 +51,7 @@ def test_timers_fire_in_time_order_when_the_clock_passes_them_and_never_once_can
 
 async def test_a_sleep_ends_only_when_the_fake_clock_is_moved() -> None:
     clock = FakeClock(0.0)
-    sleeper = asyncio.create_task(clock.sleep(5.0))
-    await settle()
-    clock.advance(4.0)
-    await settle()
-    assert not sleeper.done()
-    clock.advance(1.0)
-    await settle()
-    assert sleeper.done()
+    await wakes_after(clock, asyncio.create_task(clock.sleep(5.0)), 5.0)
     await sleep_until(clock, 1.0)  # already past: returns at once
 
 
@@ -68,7 +72,7 @@ async def test_a_bounded_wait_ends_on_the_event_or_at_the_clocks_limit() -> None
     never.cancel()
 
 
-async def test_an_alarm_wakes_its_sleeper_when_set_or_at_the_clocks_time_and_remembers_an_early_set() -> None:
+async def test_an_alarm_wakes_when_set_or_at_the_clocks_time_and_never_swallows_a_cancel() -> None:
     clock = FakeClock(0.0)
     alarm = Alarm(clock)
     sleeper = asyncio.create_task(alarm.sleep_until(5.0))
@@ -78,22 +82,12 @@ async def test_an_alarm_wakes_its_sleeper_when_set_or_at_the_clocks_time_and_rem
     assert sleeper.done() and clock.now() == 0.0  # woken by the set, not the clock
     await alarm.sleep_until(5.0)  # set since the last clear: returns at once
     alarm.clear()
-    sleeper = asyncio.create_task(alarm.sleep_until(5.0))
+    await wakes_after(clock, asyncio.create_task(alarm.sleep_until(5.0)), 5.0)
+    assert clock.next_timer() is None  # its timer went with the sleep
+    alarm.clear()
+    sleeper = asyncio.create_task(alarm.sleep_until(10.0))
     await settle()
-    clock.advance(4.0)
-    await settle()
-    assert not sleeper.done()
-    clock.advance(1.0)
-    await settle()
-    assert sleeper.done() and clock.next_timer() is None  # its timer went with the sleep
-
-
-async def test_a_cancelled_alarm_sleep_raises_even_when_set_at_the_same_turn() -> None:
-    clock = FakeClock(0.0)
-    alarm = Alarm(clock)
-    sleeper = asyncio.create_task(alarm.sleep_until(5.0))
-    await settle()
-    alarm.set()
+    alarm.set()  # woken and cancelled in the same turn: the cancellation wins
     sleeper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await sleeper
