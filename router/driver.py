@@ -1,14 +1,13 @@
 """The asyncio driver of the router core: translates events into core calls, carries decisions out.
 
 It holds no policy and no copy of the core's state. What it owns is I/O and the shell's half of each
-request: the caller's future, its trace span, the batch spans it opened (router/batch_spans.py),
-metrics. Events arrive from the
-servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and load reports, and
-`worker_connected`), from membership (`worker_registered`, `worker_left`) and from the peers' view
-(tenants, the peer routers and their demand, publish rounds); the loop only wakes the core at the times it
-asks for. Every decision is carried out the same way: settle the requests (the future gets a reply or the
-typed error), disconnect hung workers, and send each worker one stream message holding what to drop and
-every batch the decision cut for it (packed: one buffer per input, worker.proto).
+request: the caller's future, its trace span, the batch spans it opened (router/batch_spans.py), metrics.
+Events arrive from the servicer (`infer`, a cancellation), from worker streams (`on_message`: answers and
+load reports, and `worker_connected`), from membership (`worker_registered`, `worker_left`) and from the
+peers' view (tenants, the peer routers and their demand, publish rounds); the loop only wakes the core at
+the times it asks for. Every decision is carried out the same way: settle the requests (the future gets a
+reply or the typed error), disconnect hung workers, and send each worker one stream message holding what
+to drop and every batch the decision cut for it (packed: one buffer per input, router/batch_wire.py).
 
 The loop never dies of a bug: a failing tick ends what the core held (INTERNAL) and the loop goes on; a
 failing answer ends that batch's requests; the loop ticks at least every `TICK_S`, the watchdog's evidence
