@@ -40,6 +40,7 @@ from pathlib import Path
 from sluice_inference.bench.sim.engine import simulate
 from sluice_inference.bench.sim.plan import RunPlan, plan_run
 from sluice_inference.bench.sim.scenario import SimScenario, load_sim_scenario
+from sluice_inference.router.policy.batcher import keep_up_size
 from sluice_inference.router.policy.lanes import LaneKey
 
 OK, REFUSED, EXPIRED = 0, 1, 2
@@ -79,15 +80,11 @@ class MinimalResult:
 
 
 def keep_up_rows(scenario: SimScenario, rate: float) -> int:
-    """The batch that fills while the previous one runs on every worker, for the scenario's rate: the
-    adaptive batcher's n* = μa / (1 - μb), μ the arrivals per worker (router/policy/batcher.py)."""
+    """The batch that fills while the previous one runs on every worker at the scenario's rate: the
+    adaptive batcher's own keep-up size (router/policy/batcher.py), workers counted by their speed."""
     model = scenario.model
     workers = sum(group.count * group.speed for group in scenario.workers)
-    per_worker = rate / workers
-    a, b = model.base_ms / 1000, model.per_item_ms / 1000
-    if per_worker * b >= 1:
-        return model.max_batch_size
-    return max(1, min(model.max_batch_size, math.ceil(per_worker * a / (1 - per_worker * b))))
+    return keep_up_size(rate, workers, model.batch_seconds, model.max_batch_size)
 
 
 class MinimalCore:
