@@ -199,7 +199,7 @@ class RouterCore:
                 self._make_room(key)
                 self.endings.queue(decision, request, limits)
             except SluiceError as refused:
-                self.endings.end(decision, request, refused)
+                self.endings.refused(decision, request, refused)
             else:  # only its own lane can have changed: no need for a whole tick
                 if lane is None:
                     lane = self.queues.lanes[key]
