@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from sluice_inference.bench.loadgen_stats import RequestRecord
 from sluice_inference.bench.sim.plan import RunPlan
@@ -39,9 +40,10 @@ from sluice_inference.bench.sim.workers import Running, SimWorker
 from sluice_inference.common.buckets import row_cost
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.heap import young_collections_every
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand
-from sluice_inference.router.policy.lanes import QueuedRequest
+from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Served
 from sluice_inference.router.policy.shares import OWN_GRACE_S
 
@@ -56,10 +58,27 @@ the very instants it asks to be woken at, so it needs no slack to make progress;
 asks for the same instant over and over.)"""
 BYTES_PER_ROW_ITEM = 4
 """FP32: a request's queued bytes are rows x length x 4 (admission's byte bound)."""
+RUN_YOUNG_THRESHOLD = 100_000
+"""Allocations between young collections during a run. At CPython's 700 the collector took 8-10 % of a run
+on `sim_scale.yaml` and found nothing: every object a run makes is freed by its last reference."""
 CoreFactory = Callable[[int, RunPlan], RouterCore]
 SIM_DEVICE = "accelerator"
 """What a simulated worker registers as: its batch time does not share the router's CPU, as an accelerator's
 does not, so a router keeps two batches on it (`router.batches_in_flight_per_worker` by device)."""
+
+
+class _ClassConstants(NamedTuple):
+    """What every arrival of one traffic class carries (`Simulation._class_constants`)."""
+
+    deadline_s: float
+    input_bytes: int
+    cost: int
+    lane: LaneKey
+    limits: LaneLimits
+    rows: int
+    tenant: str
+    priority: int
+    placement: list[int] | None
 
 
 def make_core(router: int, plan: RunPlan) -> RouterCore:
@@ -136,15 +155,18 @@ class Simulation:
                 interval = core.publish_interval_s()
                 self._push(interval * (1 + router / len(self.cores)), PUBLISH, router)
 
-    def _class_constants(self, cls: int) -> tuple[float, int, int]:
+    def _class_constants(self, cls: int) -> _ClassConstants:
         """What every arrival of a class carries, worked out once: its deadline in seconds, its queued
         bytes and its cost (rows x the lane's padded length, its shape bucket: common/buckets.py `row_cost`
-        of its one variable-length input, as the router's codec counts it)."""
+        of its one variable-length input, as the router's codec counts it), with the rest of its spec."""
         spec = self.classes[cls]
-        shape = self.plan.lanes[cls].shape
-        length = shape[0][1][0]
-        cost = spec.rows * row_cost(((-1,) * len(dims), dims) for _, dims in shape)
-        return spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, cost
+        lane = self.plan.lanes[cls]
+        length = lane.shape[0][1][0]
+        cost = spec.rows * row_cost(((-1,) * len(dims), dims) for _, dims in lane.shape)
+        return _ClassConstants(
+            spec.deadline_ms / 1000.0, spec.rows * length * BYTES_PER_ROW_ITEM, cost, lane,
+            self.plan.limits[cls], spec.rows, spec.tenant, spec.priority, spec.placement,
+        )  # fmt: skip
 
     def _warmup_timings(self) -> dict[int, float]:
         """What the workers' warm-up would measure: a speed-1 device, batch sizes 1 and max, on the smallest
@@ -163,7 +185,13 @@ class Simulation:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> SimResult:
-        """Run every arrival to its end; returns the outcomes."""
+        """Run every arrival to its end; returns the outcomes. A run leaves no cyclic garbage (the core
+        keeps no refusal's traceback: router/policy/endings.py `refused`), so young collections are
+        spaced out while it runs (`RUN_YOUNG_THRESHOLD`)."""
+        with young_collections_every(RUN_YOUNG_THRESHOLD):
+            return self._run()
+
+    def _run(self) -> SimResult:
         started, cpu_started = time.perf_counter(), time.process_time()
         times, classes = self.plan.times_s, self.plan.classes
         longest = max(c.deadline_ms for c in self.classes) / 1000.0
@@ -308,19 +336,16 @@ class Simulation:
 
     def arrive(self, index: int, cls: int, now: float) -> None:
         """Arrival `index` (of class `cls`) reaches a router: the routers in turn, or the class's own."""
-        spec = self.classes[cls]
-        deadline_s, input_bytes, cost = self._per_class[cls]
-        if spec.placement is None:
+        deadline_s, input_bytes, cost, lane, limits, rows, tenant, priority, placement = self._per_class[cls]
+        if placement is None:
             router = index % len(self.cores)
         else:
-            router = spec.placement[self._placed[cls] % len(spec.placement)]
+            router = placement[self._placed[cls] % len(placement)]
             self._placed[cls] += 1
         core = self.cores[router]
-        lane = self.plan.lanes[cls]
-        deadline = now + deadline_s - self.overhead_s
         request = core.new_request(
-            now, lane=lane, rows=spec.rows, deadline=deadline, payload=(index, cls), tenant=spec.tenant,
-            priority=spec.priority, limits=self.plan.limits[cls], input_bytes=input_bytes, cost=cost,
+            now, lane=lane, rows=rows, deadline=now + deadline_s - self.overhead_s, payload=(index, cls),
+            tenant=tenant, priority=priority, limits=limits, input_bytes=input_bytes, cost=cost,
         )  # fmt: skip
         self._apply(router, core.arrive(now, request), now, ticked=False)
 

@@ -18,6 +18,7 @@ from sluice_inference.bench.sim.engine import Simulation, simulate
 from sluice_inference.bench.sim.plan import plan_run
 from sluice_inference.bench.sim.scenario import Variant, load_sim_scenario, parse_sim_scenario
 from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
+from tests.support.garbage import cyclic_garbage
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "bench" / "scenarios"
 APP = {"name": "app", "deadline_ms": 100}
@@ -75,6 +76,22 @@ def test_every_arrival_ends_exactly_once_and_nothing_is_left_behind() -> None:
     assert not core.in_flight
     assert "w2" not in core.workers  # drained and gone
     assert all(r.latency_s >= 0 for r in result.records)
+
+
+def test_a_run_leaves_no_cyclic_garbage() -> None:
+    """Every object a run makes, refusals and failures included, is freed by its last reference: what lets
+    a run space its young collections out (engine.py `RUN_YOUNG_THRESHOLD`)."""
+    busy = busy_scenario()
+    quotas = {"bronze": {"rate": 100, "burst": 5}}
+    runs = [
+        Simulation(plan_run(busy)),
+        Simulation(plan_run(parse_sim_scenario({**busy.model_dump(), "quotas": quotas}))),
+    ]
+    with cyclic_garbage() as garbage:
+        results = [run.run() for run in runs]
+    reasons = {r.reason for result in results for r in result.records}
+    assert {"tenant_rate", "queue_full", "shed", "worker_lost", "deadline_too_short"} <= reasons
+    assert garbage.found == 0
 
 
 def test_ok_answers_meet_their_deadline_and_include_the_overhead() -> None:

@@ -1,13 +1,17 @@
-"""The server processes' collector settings (common/heap.py), checked in a fresh interpreter: freezing the
-test process's own heap would leak every later test's cyclic garbage that was alive at that moment."""
+"""The collector settings of common/heap.py. A server process's and a frozen block's are checked in a fresh
+interpreter: freezing the test process's own heap would leak every later test's cyclic garbage that was
+alive at that moment."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 
-from sluice_inference.common.heap import YOUNG_THRESHOLD
+import pytest
+
+from sluice_inference.common.heap import YOUNG_THRESHOLD, young_collections_every
 
 PROBE = """
 import gc, json, weakref
@@ -79,3 +83,16 @@ def test_a_frozen_block_hides_the_heap_from_the_collector_until_the_outermost_bl
     assert seen["before_kept_in_block"]  # garbage from before waits, frozen, while the block runs
     assert seen["after_outer"] == 0
     assert seen["before_collected_after"]  # and is collected once the heap is given back
+
+
+def test_young_collections_are_spaced_for_a_block_and_the_thresholds_come_back() -> None:
+    before = gc.get_threshold()
+    with young_collections_every(123_456):
+        inside = gc.get_threshold()
+    assert inside == (123_456, *before[1:])  # the older generations keep their counts
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), young_collections_every(50_000):
+        raise RuntimeError("the block failed")
+    assert gc.get_threshold() == before  # given back whatever happens in the block
+    with pytest.raises(ValueError, match="at least 1"), young_collections_every(0):
+        pass
