@@ -7,6 +7,7 @@ and the `grpc-retry-pushback-ms` trailer that gRPC's own retry policy honours. T
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NoReturn
 
 import grpc
@@ -20,20 +21,35 @@ DETAILS_KEY = "grpc-status-details-bin"
 REASON_KEY = "sluice-reason"
 
 
+_STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
+MAX_REMEMBERED_TRAILERS = 1024
+"""Distinct refusals whose trailers are remembered (most refusals repeat one message: a tenant over its
+rate, a full queue), least recently used first out; a message that varies costs one build, as before."""
+
+
 def grpc_code(code: Code) -> grpc.StatusCode:
-    """The grpc.StatusCode with the same number."""
-    for status in grpc.StatusCode:
-        if status.value[0] == int(code):
-            return status
-    return grpc.StatusCode.UNKNOWN
+    """The grpc.StatusCode with the same number (a lookup: asked per error answer, and an enum member's
+    `value` is a descriptor call)."""
+    return _STATUS_BY_NUMBER.get(int(code), grpc.StatusCode.UNKNOWN)
 
 
 def trailers_for(err: SluiceError) -> tuple[tuple[str, str | bytes], ...]:
     """Trailing metadata carrying the retry hint, the status details and the machine-readable reason."""
-    status = status_pb2.Status(code=int(err.code), message=err.message)
-    pushback = "-1"
+    delay_ms = None
     if err.retryable and err.retry_after_s is not None:
         delay_ms = max(1, round(err.retry_after_s * 1000))
+    return _trailers(int(err.code), err.message, err.reason, delay_ms)
+
+
+@lru_cache(maxsize=MAX_REMEMBERED_TRAILERS)
+def _trailers(
+    code: int, message: str, reason: str, delay_ms: int | None
+) -> tuple[tuple[str, str | bytes], ...]:
+    """`trailers_for`'s answer, built once per distinct refusal (a status message with a packed detail
+    costs ~10 µs to build and serialize)."""
+    status = status_pb2.Status(code=code, message=message)
+    pushback = "-1"
+    if delay_ms is not None:
         pushback = str(delay_ms)
         info = error_details_pb2.RetryInfo(
             retry_delay=duration_pb2.Duration(seconds=delay_ms // 1000, nanos=(delay_ms % 1000) * 1_000_000)
@@ -43,7 +59,7 @@ def trailers_for(err: SluiceError) -> tuple[tuple[str, str | bytes], ...]:
         status.details.append(detail)
     return (
         (PUSHBACK_KEY, pushback),
-        (REASON_KEY, err.reason),
+        (REASON_KEY, reason),
         (DETAILS_KEY, status.SerializeToString()),
     )
 
