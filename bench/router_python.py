@@ -12,8 +12,12 @@ policy core (admission, queueing, batching, dispatch, settling), and the asyncio
 use. What this leaves out, measured in the harness instead (docs/performance.md): gRPC's per-call work,
 the receive gate's shape, the worker stream's messages and the worker itself.
 
+With `--refused` the tenant is over its rate (one token, then none for days), so every measured request is
+refused RESOURCE_EXHAUSTED by admission, after decoding, validation and the cache's lookup, as a quota
+refusal is: the router's Python per refused request, against the figure above per served one.
+
     python -m sluice_inference.bench.router_python [--concurrency 20] [--rounds 300] [--repeats 5]
-        [--profile N]   (cProfile's N most costly functions by own time, after the measured rounds)
+        [--refused] [--profile N]   (cProfile's N most costly functions by own time, after the rounds)
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ import logging
 import pstats
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
+import grpc
 import numpy as np
 
 from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.common.cluster_auth import ClusterClient
-from sluice_inference.common.config import ClusterSettings, SluiceConfig
+from sluice_inference.common.config import ANONYMOUS_TENANT, ClusterSettings, SluiceConfig, TenantSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
@@ -54,6 +60,8 @@ RECORD = ModelRecord(
 )
 WORKER = "w1"
 WARMUP_ROUNDS = 100
+OVER_RATE = TenantSettings(rate=1e-6, burst=1, max_inflight=1_000_000)
+"""`--refused`'s tenant: its one token goes in the warm-up, the next comes in eleven days."""
 
 
 class AnsweringLink(WorkerLink):
@@ -95,11 +103,22 @@ def _result(batch: worker_pb2.Batch) -> worker_pb2.BatchResult:
     )
 
 
+class Aborted(Exception):
+    """`_Context.abort`: the call ended with a status, as grpc.aio's abort ends a handler."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class _Context:
     """What the servicer asks of a gRPC call's context."""
 
     def __init__(self) -> None:
         self.done: list[object] = []
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: object = ()) -> NoReturn:
+        raise Aborted(code)
 
     def time_remaining(self) -> float:
         return 2.0
@@ -113,16 +132,17 @@ class _Context:
 
 @dataclass(frozen=True)
 class Figures:
-    """CPU µs per request in each measured repeat, rows per batch, and answers that were not right."""
+    """CPU µs per request in each measured repeat, rows per batch, and answers that were not right (with
+    `refused`: every one not refused RESOURCE_EXHAUSTED)."""
 
     us_per_request: list[float]
     rows_per_batch: float
     wrong: int
 
 
-async def measure(concurrency: int, rounds: int, repeats: int, profile: int = 0) -> Figures:
-    """Run the rounds (after a warm-up) and return the figures; `profile` > 0 prints cProfile's top."""
-    server = RouterServer(SluiceConfig())
+def _server(refused: bool) -> RouterServer:
+    """A router, not started, whose driver runs and has one worker: the answering link."""
+    server = RouterServer(SluiceConfig(tenants={ANONYMOUS_TENANT: OVER_RATE}) if refused else SluiceConfig())
     driver = server.driver
     record = WorkerRecord(
         worker_id=WORKER, addr="127.0.0.1:1", device="cpu", models=(RECORD,), capacity=2, state="ready",
@@ -133,6 +153,16 @@ async def measure(concurrency: int, rounds: int, repeats: int, profile: int = 0)
     driver.worker_registered(WORKER, {(RECORD.name, RECORD.version): {}}, 2, True, "cpu")
     driver.worker_connected(WORKER, True)
     driver.start()
+    return server
+
+
+async def measure(
+    concurrency: int, rounds: int, repeats: int, profile: int = 0, *, refused: bool = False
+) -> Figures:
+    """Run the rounds (after a warm-up) and return the figures; `profile` > 0 prints cProfile's top;
+    `refused`: the tenant is over its rate, so every measured request is refused."""
+    server = _server(refused)
+    driver = server.driver
     servicer = server.inference_servicer()
     request = kserve.ModelInferRequest(model_name=RECORD.name)
     request.inputs.add(name="x", datatype="FP32", shape=[1, FEATURES])
@@ -145,7 +175,12 @@ async def measure(concurrency: int, rounds: int, repeats: int, profile: int = 0)
         nonlocal wrong
         context = _Context()
         parsed = kserve.ModelInferRequest.FromString(body)
-        response = await servicer.infer_from_head(parsed, context, read_head(()), len(body))  # type: ignore[arg-type]
+        try:
+            response = await servicer.infer_from_head(parsed, context, read_head(()), len(body))  # type: ignore[arg-type]
+        except Aborted as aborted:
+            wrong += not refused or aborted.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
+            return
+        wrong += refused
         response.SerializeToString()
         for callback in context.done:
             callback(context)  # type: ignore[operator]
@@ -158,6 +193,8 @@ async def measure(concurrency: int, rounds: int, repeats: int, profile: int = 0)
 
     try:
         await run(WARMUP_ROUNDS)
+        if refused:
+            wrong = 0  # the tenant's one token served one warm-up request
         figures = []
         for _ in range(repeats):
             start = time.thread_time()
@@ -182,15 +219,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20, help="requests handed over at once")
     parser.add_argument("--rounds", type=int, default=300, help="rounds per measured repeat")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--refused", action="store_true", help="the tenant is over its rate: all refused")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N")
     args = parser.parse_args()
     logging.getLogger("sluice_inference").setLevel(logging.ERROR)  # key-less local mode warns at build
-    figures = asyncio.run(measure(args.concurrency, args.rounds, args.repeats, args.profile))
+    figures = asyncio.run(
+        measure(args.concurrency, args.rounds, args.repeats, args.profile, refused=args.refused)
+    )
     runs = ", ".join(f"{value:.1f}" for value in figures.us_per_request)
+    what = "refused request" if args.refused else "request"
+    batches = "" if args.refused else f", {figures.rows_per_batch:.1f} rows a batch"
     print(
-        f"router Python per request: {min(figures.us_per_request):.1f} µs CPU (best of {args.repeats}: "
-        f"{runs}), {args.concurrency} at once, {figures.rows_per_batch:.1f} rows a batch, "
-        f"{figures.wrong} wrong answers"
+        f"router Python per {what}: {min(figures.us_per_request):.1f} µs CPU (best of {args.repeats}: "
+        f"{runs}), {args.concurrency} at once{batches}, {figures.wrong} wrong answers"
     )
 
 
