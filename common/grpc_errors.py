@@ -25,6 +25,9 @@ _STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 MAX_REMEMBERED_TRAILERS = 1024
 """Distinct refusals whose trailers are remembered (most refusals repeat one message: a tenant over its
 rate, a full queue), least recently used first out; a message that varies costs one build, as before."""
+MAX_REMEMBERED_MESSAGE_CHARS = 1024
+"""Longer messages are built every time, never remembered: the memory the remembered trailers hold stays
+bounded (1,024 messages of 1 KiB at most) whatever a message repeats of a caller's input."""
 
 
 def grpc_code(code: Code) -> grpc.StatusCode:
@@ -38,15 +41,15 @@ def trailers_for(err: SluiceError) -> tuple[tuple[str, str | bytes], ...]:
     delay_ms = None
     if err.retryable and err.retry_after_s is not None:
         delay_ms = max(1, round(err.retry_after_s * 1000))
-    return _trailers(int(err.code), err.message, err.reason, delay_ms)
+    if len(err.message) > MAX_REMEMBERED_MESSAGE_CHARS:
+        return _build_trailers(int(err.code), err.message, err.reason, delay_ms)
+    return _remembered_trailers(int(err.code), err.message, err.reason, delay_ms)
 
 
-@lru_cache(maxsize=MAX_REMEMBERED_TRAILERS)
-def _trailers(
+def _build_trailers(
     code: int, message: str, reason: str, delay_ms: int | None
 ) -> tuple[tuple[str, str | bytes], ...]:
-    """`trailers_for`'s answer, built once per distinct refusal (a status message with a packed detail
-    costs ~10 µs to build and serialize)."""
+    """`trailers_for`'s answer (a status message with a packed detail: ~10 µs to build and serialize)."""
     status = status_pb2.Status(code=code, message=message)
     pushback = "-1"
     if delay_ms is not None:
@@ -62,6 +65,10 @@ def _trailers(
         (REASON_KEY, reason),
         (DETAILS_KEY, status.SerializeToString()),
     )
+
+
+_remembered_trailers = lru_cache(maxsize=MAX_REMEMBERED_TRAILERS)(_build_trailers)
+"""`_build_trailers`, once per distinct refusal."""
 
 
 async def abort(context: grpc.aio.ServicerContext[object, object], err: SluiceError) -> NoReturn:

@@ -166,7 +166,7 @@ def _check_shape(spec: TensorSpec, shape: Sequence[int], max_batch_size: int) ->
 def _decode_input(spec: TensorSpec, tensor: InputTensor) -> Tensor:
     if tensor.datatype != spec.datatype:
         raise InvalidArgument(
-            f"input {spec.name!r}: datatype {tensor.datatype!r}, model expects {spec.datatype!r}",
+            f"input {spec.name!r}: datatype {tensor.datatype[:32]!r}, model expects {spec.datatype!r}",
             reason="bad_datatype",
         )
     shape = tuple(tensor.shape)

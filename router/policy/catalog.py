@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from sluice_inference.common.errors import NotFound
 from sluice_inference.common.records import ModelRecord, WorkerRecord
 
+SHOWN_NAME_CHARS = 128
+"""How much of a name the caller sent a refusal repeats (a name that matched nothing may be any length)."""
+
 
 def _identity(record: ModelRecord) -> dict[str, object]:
     """What must agree across workers serving one version (warm-up timings are per machine)."""
@@ -62,14 +65,14 @@ class ModelCatalog:
         """The record serving `name` at `version` ("" → latest ready); NotFound otherwise."""
         versions = self._models.get(name)
         if not versions:
-            raise NotFound(f"unknown model {name!r}", reason="unknown_model")
+            raise NotFound(f"unknown model {name[:SHOWN_NAME_CHARS]!r}", reason="unknown_model")
         if version:
             try:
                 return versions[version]
             except KeyError:
                 known = ", ".join(self.versions(name))
                 raise NotFound(
-                    f"model {name!r} has no version {version!r} (registered: {known})",
+                    f"model {name!r} has no version {version[:SHOWN_NAME_CHARS]!r} (registered: {known})",
                     reason="unknown_version",
                 ) from None
         ready = [v for v in versions if (name, v) in self._ready]

@@ -6,7 +6,14 @@ from __future__ import annotations
 from google.rpc import error_details_pb2, status_pb2
 
 from sluice_inference.common.errors import Code, InvalidArgument, Unavailable, error_for_code
-from sluice_inference.common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY, REASON_KEY, grpc_code, trailers_for
+from sluice_inference.common.grpc_errors import (
+    DETAILS_KEY,
+    MAX_REMEMBERED_MESSAGE_CHARS,
+    PUSHBACK_KEY,
+    REASON_KEY,
+    grpc_code,
+    trailers_for,
+)
 
 
 def test_retryable_error_carries_both_hints() -> None:
@@ -46,3 +53,10 @@ def test_repeated_refusals_share_their_trailers_and_each_keeps_its_own_hint_and_
     assert other[REASON_KEY] == "shed" and other[PUSHBACK_KEY] == "250"
     message = status_pb2.Status.FromString(dict(trailers_for(InvalidArgument("bad dims")))[DETAILS_KEY])
     assert message.message == "bad dims" and message.code == Code.INVALID_ARGUMENT
+
+
+def test_a_long_message_is_answered_whole_and_never_remembered() -> None:
+    long = InvalidArgument("x" * (MAX_REMEMBERED_MESSAGE_CHARS + 1))
+    first, again = trailers_for(long), trailers_for(long)
+    assert again is not first and again == first
+    assert status_pb2.Status.FromString(dict(first)[DETAILS_KEY]).message == long.message

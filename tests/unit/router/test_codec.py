@@ -64,6 +64,12 @@ def test_wrong_datatype() -> None:
     expect_invalid(raw_request(np.zeros((1, 4), "<f8"), datatype="FP64"), "datatype")
 
 
+def test_a_datatype_that_matches_nothing_is_repeated_only_in_part() -> None:
+    with pytest.raises(SluiceError) as caught:
+        decode_infer_request(raw_request(np.zeros((1, 4), "<f4"), datatype="F" * 100_000), RECORD)
+    assert caught.value.reason == "bad_datatype" and len(caught.value.message) < 200
+
+
 def test_wrong_fixed_dim() -> None:
     expect_invalid(raw_request(np.zeros((1, 5), "<f4")), "does not match")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
-from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.errors import Code, SluiceError
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
 from sluice_inference.router.policy.batcher import (
     NO_HOST_COST,
@@ -486,6 +486,17 @@ def test_without_a_version_the_newest_one_a_worker_accepts_batches_for_is_served
     core.worker_connected(0.0, "w2", True)
     assert version_to_serve(catalog, "m", "", core.serves).version == "2"
     assert version_to_serve(catalog, "m", "1", core.serves).version == "1"
+
+
+def test_a_name_that_matched_nothing_is_repeated_only_in_part() -> None:
+    catalog = ModelCatalog()
+    worker = WorkerRecord(worker_id="w1", addr="a:1", device="cpu", models=(_record("1"),), capacity=2,
+                          state="ready", started_at=0.0)  # fmt: skip
+    catalog.update({"w1": worker})
+    for name, version in (("x" * 100_000, ""), ("m", "9" * 100_000)):
+        with pytest.raises(SluiceError) as caught:
+            catalog.resolve(name, version)
+        assert caught.value.code == Code.NOT_FOUND and len(caught.value.message) < 400
 
 
 def test_the_deadline_is_the_earlier_budget_never_past_the_maximum() -> None:
