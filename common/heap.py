@@ -76,9 +76,9 @@ def frozen_heap(*, collect: bool = False) -> Iterator[None]:
 def young_collections_every(allocations: int) -> Iterator[None]:
     """While the block runs, the youngest generation is collected every `allocations` allocations instead
     of the threshold in force (the older generations keep their counts, so they are collected as many young
-    passes apart as before); the thresholds in force come back when it ends. Still a bound on what cyclic
-    garbage can pile up; for work that leaves almost none, whose young passes at CPython's 700 would only
-    look for garbage that is not there."""
+    passes apart as before); the thresholds in force come back when it ends. Cyclic garbage is still
+    collected, only less often: this is for work that leaves almost none, where young passes at CPython's
+    700 would only look for garbage that is not there."""
     if allocations < 1:
         raise ValueError(f"allocations must be at least 1, not {allocations}")
     thresholds = gc.get_threshold()
