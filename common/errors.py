@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import enum
 
+MAX_MESSAGE_CHARS = 4096
+"""The longest message an error keeps. A message names the limit that was hit and never needs more; one
+that repeats a caller's input (a name, a value) is cut here, so no answer, trailer, log line or stored
+outcome carries a hostile caller's input back at its length, whichever code path built the message."""
+
 
 class Code(enum.IntEnum):
     """google.rpc.Code, so the policy core can name statuses without importing grpc."""
@@ -43,6 +48,8 @@ class SluiceError(Exception):
     retryable: bool = False
 
     def __init__(self, message: str, *, reason: str = "", retry_after_s: float | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = bounded_message(message)
         super().__init__(message)
         self.message = message
         self.reason = reason or self.code.name.lower()
@@ -50,6 +57,12 @@ class SluiceError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.name}, {self.message!r}, reason={self.reason!r})"
+
+
+def bounded_message(message: str) -> str:
+    """`message` cut to `MAX_MESSAGE_CHARS`, saying how much was cut."""
+    cut = len(message) - MAX_MESSAGE_CHARS
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({cut:,} more characters)" if cut > 0 else message
 
 
 class InvalidArgument(SluiceError):

@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice_inference.common.config import RouterSettings
+from sluice_inference.common.errors import MAX_MESSAGE_CHARS
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.router.main import RouterServer
@@ -130,6 +131,35 @@ async def test_distinct_priorities_mint_no_new_metric_series(served: RouterServe
     assert series() == baseline  # 2,000 more distinct values, not one new series
     labels = {s.labels.get("priority") for m in served.metrics.registry.collect() for s in m.samples}
     assert labels <= {None, "none", "other", *map(str, range(1, 11))}
+
+
+async def test_a_megabyte_name_comes_back_in_no_status_message_at_its_length(served: RouterServer) -> None:
+    """Each of these fields is repeated in its refusal's message; none comes back longer than the bound."""
+    huge = "n" * 1_000_000
+
+    def hostile(field: str) -> kserve.ModelInferRequest:
+        request = synthetic_request()
+        if field == "model_name":
+            request.model_name = huge
+        elif field == "model_version":
+            request.model_version = huge
+        elif field == "input_name":
+            request.inputs[0].name = huge
+        elif field == "datatype":
+            request.inputs[0].datatype = huge
+        else:
+            request.outputs.add(name=huge)
+        return request
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        for field in ("model_name", "model_version", "input_name", "datatype", "output_name"):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.ModelInfer(hostile(field), timeout=10)
+            refusals = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+            assert refused.value.code() in refusals, field
+            assert len(refused.value.details() or "") < MAX_MESSAGE_CHARS + 40, field
+    assert await call(served.port, synthetic_request()) == (grpc.StatusCode.OK, "")
 
 
 async def test_unparseable_bodies_are_invalid_argument_and_logged_at_most_once(
