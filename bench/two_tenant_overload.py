@@ -18,6 +18,13 @@ the refusal estimate errs high). Issue 17's goals: gold keeps >= 95 % of its off
 refusing costs <= 1/3 of serving.
 
     python -m sluice_inference.bench.two_tenant_overload [--duration 10] [--door-ms 20] [--slo-ms 100]
+        [--no-pin]
+
+By default (with two cores or more to run on) the router and worker run on one core and this load
+generator on another, as the shared peer harness pins them: unpinned, at 2 x R on a fast machine the
+generator and the router share both cores and the run measures no goal. Each run also says how much of
+a core the generator itself used; above `GENERATOR_SHORT` of one it was short of CPU, and the run says
+that it measures no goal.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +53,8 @@ from sluice_inference.bench.overload import (
     write_yaml,
 )
 
+GENERATOR_SHORT = 0.9
+"""The load generator's share of a core above which it could not offer the load on time."""
 DOOR_REFUSAL = "UNAVAILABLE/router_overloaded"
 """How the load report names a front-door refusal."""
 
@@ -90,6 +100,8 @@ class Run:
     label: str
     report: dict[str, Any]
     router_cpu_s: float
+    generator_cores: float
+    """This process's CPU over the run per second of it: the load generator's share of a core."""
 
     def tenant(self, name: str) -> dict[str, Any]:
         """The report's figures for one tenant."""
@@ -117,10 +129,11 @@ def pin(cluster: Cluster | None, core: int) -> None:
 
 
 def run_load(target: str, router_pid: int, label: str, load: dict[str, Any]) -> Run:
-    """Offer `load` and read the router's CPU over it."""
-    before = process_cpu_s(router_pid)
+    """Offer `load` and read the router's CPU, and this load generator's, over it."""
+    before, own_before, started = process_cpu_s(router_pid), process_cpu_s(os.getpid()), time.monotonic()
     report = asyncio.run(run_scenario(parse_scenario(load)))
-    return Run(label, report, process_cpu_s(router_pid) - before)
+    own = (process_cpu_s(os.getpid()) - own_before) / max(1e-9, time.monotonic() - started)
+    return Run(label, report, process_cpu_s(router_pid) - before, own)
 
 
 TABLE_HEAD = (
@@ -173,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, help="R in req/s instead of calibrating it")
     parser.add_argument("--json", type=Path, help="write the load reports here")
     parser.add_argument(
-        "--pin", action="store_true", help="router and worker on core 0, this load generator on core 1"
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=len(os.sched_getaffinity(0)) >= 2,
+        help="router and worker on one core, this load generator on another (default: with two or more)",
     )
     args = parser.parse_args(argv)
+    server_core, generator_core = (sorted(os.sched_getaffinity(0)) * 2)[:2]
     if args.pin:
-        pin(None, 1)  # the cluster's processes start here too, and are moved to core 0 once started
+        pin(None, generator_core)  # the cluster's processes start here too, and move once started
     workdir = Path(tempfile.mkdtemp(prefix="sluice-two-tenant-"))
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
     rate = args.rate
@@ -185,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
         with running_cluster(workdir / "calibration", repository, config) as cluster:
             if args.pin:
-                pin(cluster, 0)
+                pin(cluster, server_core)
             speed = asyncio.run(
                 measure_router(
                     f"127.0.0.1:{cluster.port}",
@@ -199,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
     with running_cluster(workdir / "run", repository, config) as cluster:
         if args.pin:
-            pin(cluster, 0)
+            pin(cluster, server_core)
         target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
         served = run_load(
             target,
@@ -226,6 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         + "; cores used: "
         + ", ".join(f"{run.label} {run.router_cpu_s / args.duration:.2f}" for run in (served, overload))
     )
+    print(
+        "load generator: "
+        + ", ".join(f"{run.label} {run.generator_cores:.2f} of a core" for run in (served, overload))
+        + ("" if args.pin else "; not pinned: it shared the router's cores")
+    )
+    short = [run.label for run in (served, overload) if run.generator_cores > GENERATOR_SHORT]
+    if short:
+        print(f"the load generator was short of a core in {', '.join(short)}: that run measures no goal")
     if args.json:
         args.json.write_text(
             json.dumps({"rate": rate, "runs": [r.report for r in (served, overload)], **figures})
