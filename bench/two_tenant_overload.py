@@ -6,8 +6,9 @@ the router path is measured flat out on a cluster with the door off (bench/calib
 on a cluster whose door bound is `--door-ms`:
 
 1. *served*: `--half` x R offered (gold and bronze alike), below saturation: router CPU per served request;
-2. *overload*: `--factor` x R offered (default 2), gold `--gold-share` of it (0.25: at 2 x R gold alone is
-   half of R) and bronze the rest.
+2. *overload*: `--factor` x R offered (default 2; several factors give one run each, and with `--plot`
+   the overload curves of both tenants), gold `--gold-share` of it (0.25: at 2 x R gold alone is half of
+   R) and bronze the rest.
 
 For each run it prints, per tenant, offered / within the SLO (OK within the deadline every request sends)
 / refused by the door (UNAVAILABLE `router_overloaded`, each with its retry hint) / other outcomes (late
@@ -18,7 +19,7 @@ the refusal estimate errs high). Issue 17's goals: gold keeps >= 95 % of its off
 refusing costs <= 1/3 of serving.
 
     python -m sluice_inference.bench.two_tenant_overload [--duration 10] [--door-ms 20] [--slo-ms 100]
-        [--no-pin]
+        [--factor 1 1.5 2 3 4 --plot docs/figures/two_tenants.png] [--no-pin]
 
 By default (with two cores or more to run on) the router and worker run on one core and this load
 generator on another, as the shared peer harness pins them: unpinned, at 2 x R on a fast machine the
@@ -174,6 +175,86 @@ def costs(served: Run, overload: Run) -> dict[str, float | None]:
     return {"router_ms_per_served": per_served, "router_ms_per_refusal": per_refusal}
 
 
+def plot(runs: list[Run], factors: list[float], path: Path) -> None:
+    """The overload curves: per tenant, offered and within-SLO req/s, and the within-SLO share, against
+    the load as a multiple of R."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rates, shares) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, colour in (("gold", "goldenrod"), ("bronze", "sienna")):
+        figures = [run.tenant(name) for run in runs]
+        rates.plot(
+            factors, [f["offered_rps"] for f in figures], ls="--", color=colour, label=f"{name} offered"
+        )
+        rates.plot(
+            factors, [f["goodput_rps"] for f in figures], marker="o", color=colour, label=f"{name} within SLO"
+        )
+        shares.plot(
+            factors,
+            [100 * f["good"] / max(1, f["offered"]) for f in figures],
+            marker="o",
+            color=colour,
+            label=name,
+        )
+    rates.set_title("req/s per tenant")
+    shares.set_title("within the SLO, % of the tenant's offered load")
+    for axis in (rates, shares):
+        axis.set_xlabel("offered load, x R (the router's flat-out rate)")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def calibrate(workdir: Path, repository: Path, server_core: int | None) -> float:
+    """R: the router's flat-out rate on a cluster with the door off (bench/calibration.py)."""
+    config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
+    with running_cluster(workdir / "calibration", repository, config) as cluster:
+        if server_core is not None:
+            pin(cluster, server_core)
+        speed = asyncio.run(
+            measure_router(
+                f"127.0.0.1:{cluster.port}",
+                one_row_request("synthetic"),
+                router_pid=cluster.router.process.pid,
+                metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
+            )
+        )
+    print(f"calibration: {speed.describe()}", flush=True)
+    return speed.rps
+
+
+def report(args: argparse.Namespace, rate: float, served: Run, overloads: list[Run]) -> None:
+    """The per-tenant table, each overload run's refusal cost, and the load generator's share of a core."""
+    runs = [served, *overloads]
+    print(
+        f"\nR = {rate:.0f} req/s; door bound {args.door_ms:g} ms, SLO {args.slo_ms:g} ms, "
+        f"{args.duration:g} s a run"
+    )
+    print(table(runs))
+    per_served = 1000 * served.router_cpu_s / max(1, served.ok)
+    print(f"\nrouter CPU: {per_served:.3f} ms per served request ({served.label})")
+    for run in overloads:
+        refusal = costs(served, run)["router_ms_per_refusal"]
+        print(
+            f"  {run.label}: "
+            + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal")
+            + f"; {run.router_cpu_s / args.duration:.2f} of a core"
+        )
+    print(
+        "load generator: "
+        + ", ".join(f"{run.label} {run.generator_cores:.2f} of a core" for run in runs)
+        + ("" if args.pin else "; not pinned: it shared the router's cores")
+    )
+    short = [run.label for run in runs if run.generator_cores > GENERATOR_SHORT]
+    if short:
+        print(f"the load generator was short of a core in {', '.join(short)}: that run measures no goal")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Calibrate, run below saturation and overloaded, print the per-tenant table and the costs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -181,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--door-ms", type=float, default=20.0, help="the door's delay bound (default 20)")
     parser.add_argument("--slo-ms", type=float, default=100.0, help="every request's deadline (default 100)")
     parser.add_argument("--gold-share", type=float, default=0.25, help="gold's share of the overload")
-    parser.add_argument("--factor", type=float, default=2.0, help="the overload run's load, x R (default 2)")
+    parser.add_argument(
+        "--factor", type=float, nargs="+", default=[2.0], help="each overload run's load, x R (default 2)"
+    )
     parser.add_argument("--half", type=float, default=0.5, help="the served run's load, x R (default 0.5)")
     parser.add_argument("--rate", type=float, help="R in req/s instead of calibrating it")
     parser.add_argument("--json", type=Path, help="write the load reports here")
+    parser.add_argument("--plot", type=Path, help="draw the overload curves (one point per --factor) here")
     parser.add_argument(
         "--pin",
         action=argparse.BooleanOptionalAction,
@@ -197,64 +281,25 @@ def main(argv: list[str] | None = None) -> int:
         pin(None, generator_core)  # the cluster's processes start here too, and move once started
     workdir = Path(tempfile.mkdtemp(prefix="sluice-two-tenant-"))
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
-    rate = args.rate
-    if rate is None:
-        config = write_config(workdir / "calibration" / "sluice.yaml", door_ms=0)
-        with running_cluster(workdir / "calibration", repository, config) as cluster:
-            if args.pin:
-                pin(cluster, server_core)
-            speed = asyncio.run(
-                measure_router(
-                    f"127.0.0.1:{cluster.port}",
-                    one_row_request("synthetic"),
-                    router_pid=cluster.router.process.pid,
-                    metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
-                )
-            )
-        print(f"calibration: {speed.describe()}", flush=True)
-        rate = speed.rps
+    rate = args.rate or calibrate(workdir, repository, server_core if args.pin else None)
     config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
     with running_cluster(workdir / "run", repository, config) as cluster:
         if args.pin:
             pin(cluster, server_core)
         target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
-        served = run_load(
-            target,
-            pid,
-            f"{args.half:g} x R",
-            scenario(target, args.half * rate, 0.5, args.duration, args.slo_ms),
-        )
-        overload = run_load(
-            target,
-            pid,
-            f"{args.factor:g} x R",
-            scenario(target, args.factor * rate, args.gold_share, args.duration, args.slo_ms),
-        )
-    print(
-        f"\nR = {rate:.0f} req/s; door bound {args.door_ms:g} ms, SLO {args.slo_ms:g} ms, "
-        f"{args.duration:g} s a run"
-    )
-    print(table([served, overload]))
-    figures = costs(served, overload)
-    refusal = figures["router_ms_per_refusal"]
-    print(
-        f"\nrouter CPU: {figures['router_ms_per_served']:.3f} ms per served request ({args.half:g} x R), "
-        + ("no refusals" if refusal is None else f"{refusal:.3f} ms per refusal ({args.factor:g} x R)")
-        + "; cores used: "
-        + ", ".join(f"{run.label} {run.router_cpu_s / args.duration:.2f}" for run in (served, overload))
-    )
-    print(
-        "load generator: "
-        + ", ".join(f"{run.label} {run.generator_cores:.2f} of a core" for run in (served, overload))
-        + ("" if args.pin else "; not pinned: it shared the router's cores")
-    )
-    short = [run.label for run in (served, overload) if run.generator_cores > GENERATOR_SHORT]
-    if short:
-        print(f"the load generator was short of a core in {', '.join(short)}: that run measures no goal")
+
+        def run_at(factor: float, gold_share: float) -> Run:
+            load = scenario(target, factor * rate, gold_share, args.duration, args.slo_ms)
+            return run_load(target, pid, f"{factor:g} x R", load)
+
+        served = run_at(args.half, 0.5)
+        overloads = [run_at(factor, args.gold_share) for factor in args.factor]
+    report(args, rate, served, overloads)
+    if args.plot:
+        plot(overloads, args.factor, args.plot)
     if args.json:
-        args.json.write_text(
-            json.dumps({"rate": rate, "runs": [r.report for r in (served, overload)], **figures})
-        )
+        runs = [served, *overloads]
+        args.json.write_text(json.dumps({"rate": rate, "runs": [r.report for r in runs]}))
     return 0
 
 
