@@ -3,7 +3,8 @@
 The rules (router/policy/core.py's docstring lists their homes): arrival pre-checks; batching and worker
 choice (which workers get batches, and how many at once, this router's and every router's); deadlines
 after dispatch and hung workers; the learning formula; breaker classification; late finish; re-dispatch
-on loss, on a failed send and on a busy worker; the version and deadline rules.
+on loss, on a failed send and on a busy worker. (Which version serves a call: test_versions.py; a call's
+deadline: test_deadline_budget.py.)
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
-from sluice_inference.common.errors import Code, SluiceError
-from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.records import ModelRecord, TensorSpec
 from sluice_inference.router.policy.batcher import (
     NO_HOST_COST,
     BatchContext,
@@ -21,16 +22,13 @@ from sluice_inference.router.policy.batcher import (
     TimerBatcher,
     WakeAt,
 )
-from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import (
     BUSY,
     HANG_FACTOR,
     MAX_CAPPED_LIMITS,
     RouterCore,
-    version_to_serve,
     with_message_cap,
 )
-from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lanes import Lane, LaneKey, LaneLimits
 from sluice_inference.router.policy.outcomes import Served
 from sluice_inference.router.policy.scheduler import ExpectedCompletion
@@ -460,50 +458,3 @@ def test_a_cancelled_request_leaves_the_queue() -> None:
     core.arrive(0.0, gone)
     assert outcomes(core.cancel(0.0, gone.request_id)) == {gone.request_id: "CANCELLED/cancelled"}
     assert core.cancel(0.0, gone.request_id).settled == [] and core.queues.queued() == 0
-
-
-# -- version and deadline -----------------------------------------------------------------------------------
-
-
-def _record(version: str) -> ModelRecord:
-    spec = TensorSpec(name="x", datatype="FP32", dims=(4,))
-    return ModelRecord(name="m", version=version, digest="d", platform="synthetic", max_batch_size=4,
-                       max_wait_s=0.0, inputs=(spec,), outputs=(spec,))  # fmt: skip
-
-
-def test_without_a_version_the_newest_one_a_worker_accepts_batches_for_is_served() -> None:
-    core = make_core()
-    catalog = ModelCatalog()
-    worker = WorkerRecord(worker_id="w1", addr="a:1", device="cpu", models=(_record("1"), _record("2")),
-                          capacity=2, state="ready", started_at=0.0)  # fmt: skip
-    catalog.update({"w1": worker})
-    core.worker_registered(
-        0.0, "w1", {("m", "1"): {}}, 2, True, device="cuda"
-    )  # only version 1 is connected here
-    core.worker_connected(0.0, "w1", True)
-    assert version_to_serve(catalog, "m", "", core.serves).version == "1"
-    core.worker_registered(0.0, "w2", {("m", "2"): {}}, 2, True, device="cuda")
-    core.worker_connected(0.0, "w2", True)
-    assert version_to_serve(catalog, "m", "", core.serves).version == "2"
-    assert version_to_serve(catalog, "m", "1", core.serves).version == "1"
-
-
-def test_a_name_that_matched_nothing_is_repeated_only_in_part() -> None:
-    catalog = ModelCatalog()
-    worker = WorkerRecord(worker_id="w1", addr="a:1", device="cpu", models=(_record("1"),), capacity=2,
-                          state="ready", started_at=0.0)  # fmt: skip
-    catalog.update({"w1": worker})
-    for name, version in (("x" * 100_000, ""), ("m", "9" * 100_000)):
-        with pytest.raises(SluiceError) as caught:
-            catalog.resolve(name, version)
-        assert caught.value.code == Code.NOT_FOUND and len(caught.value.message) < 400
-
-
-def test_the_deadline_is_the_earlier_budget_never_past_the_maximum() -> None:
-    budget = DeadlineBudget.of(RouterSettings(default_timeout_s=30, max_timeout_s=60))
-    assert budget.deadline(100.0, None, None) == 130.0
-    assert budget.deadline(100.0, 5.0, 2.0) == 102.0
-    assert budget.deadline(100.0, 5.0, None) == 105.0
-    assert budget.deadline(100.0, 3600.0, None) == 160.0  # a longer deadline is cut to the maximum
-    assert budget.deadline(100.0, None, 3600.0) == 160.0  # and so is a longer `timeout`: the same rule
-    assert budget.deadline(100.0, None, (2**64 - 1) * 1e-6) == 160.0  # clamped before any arithmetic

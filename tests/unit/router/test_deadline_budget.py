@@ -98,3 +98,13 @@ def test_the_wire_budget_is_whole_microseconds_within_an_int64_and_never_zero() 
     assert BUDGET.wire_budget_us(1.25, 1.0) == 250_000
     assert BUDGET.wire_budget_us(1.0, 2.0) == 1
     assert BUDGET.wire_budget_us(1e30, 0.0) == MAX_WIRE_BUDGET_US
+
+
+def test_the_deadline_is_the_earlier_budget_never_past_the_maximum() -> None:
+    budget = DeadlineBudget.of(RouterSettings(default_timeout_s=30, max_timeout_s=60))
+    assert budget.deadline(100.0, None, None) == 130.0
+    assert budget.deadline(100.0, 5.0, 2.0) == 102.0
+    assert budget.deadline(100.0, 5.0, None) == 105.0
+    assert budget.deadline(100.0, 3600.0, None) == 160.0  # a longer deadline is cut to the maximum
+    assert budget.deadline(100.0, None, 3600.0) == 160.0  # and so is a longer `timeout`: the same rule
+    assert budget.deadline(100.0, None, (2**64 - 1) * 1e-6) == 160.0  # clamped before any arithmetic
