@@ -18,7 +18,9 @@ no auth, quotas, metrics, tracing, lanes or estimators:
 - `--hold-ms` makes the router hold each batch as Triton's dynamic batcher does (until its oldest call has
   waited that long, or a full batch is queued) instead of cutting whenever the worker is idle: the floor
   of the shape with batches that fill, against which the per-core rate goals are judged
-  (bench/peer_sitting.sh `MINIMAL_RATES` runs it through the peers' harness).
+  (bench/peer_sitting.sh `MINIMAL_RATES` runs it through the peers' harness);
+- both processes run on the event loop Sluice's own servers run on (common/event_loop.py), so the floor
+  and Sluice are measured on one runtime.
 
 The oracle door (`--door`): before the body is parsed, the router reads the call's `authorization`
 metadata and refuses every `Bearer bronze-key` call at once, UNAVAILABLE with a retry pushback
@@ -50,6 +52,7 @@ import numpy as np
 from sluice_inference.bench.calibration import one_row_request, process_cpu_s
 from sluice_inference.bench.overload import BRONZE_KEY, GOLD_KEY
 from sluice_inference.bench.two_tenant_overload import DOOR_REFUSAL
+from sluice_inference.common.event_loop import run_server
 from sluice_inference.common.local_cluster import Child, free_port
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 
@@ -393,10 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {args.core})  # before grpc starts its threads, which inherit it
     if args.serve == "worker":
         model = forward if args.model_file is None else torchscript_forward(args.model_file, args.in_width)
-        asyncio.run(serve_worker(args.port, model))
+        run_server(serve_worker(args.port, model))
     else:
         rows, hold_s = Rows(args.in_width, args.out_width, args.output_name), args.hold_ms / 1000
-        asyncio.run(serve_router(args.port, args.worker, door=args.door, rows=rows, hold_s=hold_s))
+        run_server(serve_router(args.port, args.worker, door=args.door, rows=rows, hold_s=hold_s))
     return 0
 
 

@@ -32,6 +32,7 @@ from sluice_inference.cli.parsing import (
 )
 from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
 from sluice_inference.common.config import ConfigError, SluiceConfig, load_config
+from sluice_inference.common.event_loop import run_server
 from sluice_inference.common.logs import configure_logging
 
 # What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
@@ -337,12 +338,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "router":
         from sluice_inference.router.main import serve_router
 
-        asyncio.run(serve_router(config))
+        run_server(serve_router(config))
         return 0
     if args.command == "worker":
         from sluice_inference.worker.main import serve_worker
 
-        asyncio.run(serve_worker(config))
+        run_server(serve_worker(config))
         return 0
     if args.command == "workers":
         if args.addr:

@@ -27,6 +27,7 @@ from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
 from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import LeasedKey, router_key
+from sluice_inference.common.event_loop import running_loop_name
 from sluice_inference.common.grpc_server import keepalive_options
 from sluice_inference.common.heap import settle_after_startup
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
@@ -287,7 +288,10 @@ class RouterServer:
         self.status.start()
         self.queue_probe.start()
         await self._registration.start()
-        log.info("router %s serving on %s (metrics :%d)", self.router_id, advertised, self.metrics_port)
+        log.info(
+            "router %s serving on %s (metrics :%d, %s event loop)",
+            self.router_id, advertised, self.metrics_port, running_loop_name(),
+        )  # fmt: skip
 
     def _etcd_connected(self) -> bool:
         """Whether this router's etcd registration holds its lease now (False before `start` made it)."""

@@ -38,6 +38,7 @@ from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.dev_token import refuse_dev_token
 from sluice_inference.common.errors import Internal
 from sluice_inference.common.etcd import LeasedKey, worker_key
+from sluice_inference.common.event_loop import running_loop_name
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
 from sluice_inference.common.grpc_gate import GateInterceptor
 from sluice_inference.common.grpc_server import keepalive_options
@@ -155,7 +156,10 @@ class WorkerProcess:
         await self._registration.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._reporter = asyncio.create_task(self._report_load(), name="load-reporter")
-        log.info("worker %s ready on %s with %d model versions", self.worker_id, self.addr, len(self.models))
+        log.info(
+            "worker %s ready on %s with %d model versions (%s event loop)",
+            self.worker_id, self.addr, len(self.models), running_loop_name(),
+        )  # fmt: skip
 
     def _server_for(self, max_message_bytes: int, issuer: ProofIssuer) -> grpc.aio.Server:
         """The gRPC server: message limits the routers' agree with, and the cluster gate: the caller's
