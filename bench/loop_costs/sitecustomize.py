@@ -19,9 +19,10 @@ callback waits, whoever had the core meanwhile), by length, with the callbacks t
 the one before (docs/performance.md, 2026-12-03), so under load turns per call and long turns are what a
 call waits to be taken in.
 
-Costs: two `thread_time_ns` calls, a dict update and a list append per callback, two `perf_counter` calls
-per turn and per poll. Measurement only; nothing in Sluice imports it. The totals include start-up (the
-`serve_*` task).
+The hooks are asyncio's own loop's: a run with it puts the servers on asyncio's loop, not uvloop
+(`SLUICE_EVENT_LOOP=asyncio`, unless the environment names a loop). Costs: two `thread_time_ns` calls, a dict
+update and a list append per callback, two `perf_counter` calls per turn and per poll. Measurement only;
+nothing in Sluice imports it. The totals include start-up (the `serve_*` task).
 """
 
 from __future__ import annotations
@@ -167,4 +168,7 @@ class _Turns:
 
 
 if os.environ.get("SLUICE_LOOP_COSTS"):
+    # The hooks are asyncio's own loop's (`Handle._run`, `_run_once`): uvloop runs its callbacks in C, past
+    # them. So the servers of a measured run take asyncio's loop (common/event_loop.py), unless told.
+    os.environ.setdefault("SLUICE_EVENT_LOOP", "asyncio")
     _install(Path(os.environ["SLUICE_LOOP_COSTS"]))
