@@ -296,15 +296,20 @@ def calibrate(workdir: Path) -> Calibration:
     repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
     config = write_config(workdir / "sluice.yaml", admission=True)
     with running_cluster(workdir, repository, config) as cluster:
-        speed = asyncio.run(
-            measure_router(
-                f"127.0.0.1:{cluster.port}",
-                one_row_request("synthetic"),
-                router_pid=cluster.router.process.pid,
-                metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
-            )
-        )
+        speed = gold_flat_out(cluster)
     return Calibration(speed, scale_for(3 * CAPACITY_RPS, speed.rps, HEADROOM))
+
+
+def gold_flat_out(cluster: Cluster) -> RouterSpeed:
+    """The cluster's router path flat out: gold's one-row `synthetic` requests (bench/calibration.py)."""
+    return asyncio.run(
+        measure_router(
+            f"127.0.0.1:{cluster.port}",
+            one_row_request("synthetic"),
+            router_pid=cluster.router.process.pid,
+            metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
+        )
+    )
 
 
 def run_once(

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice_inference.bench.calibration import measure_router, one_row_request, process_cpu_s
+from sluice_inference.bench.calibration import process_cpu_s
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
 from sluice_inference.bench.overload import (
@@ -49,6 +49,7 @@ from sluice_inference.bench.overload import (
     GOLD_KEY,
     Cluster,
     gold_and_bronze,
+    gold_flat_out,
     running_cluster,
     write_repository,
     write_yaml,
@@ -216,14 +217,7 @@ def calibrate(workdir: Path, repository: Path, server_core: int | None) -> float
     with running_cluster(workdir / "calibration", repository, config) as cluster:
         if server_core is not None:
             pin(cluster, server_core)
-        speed = asyncio.run(
-            measure_router(
-                f"127.0.0.1:{cluster.port}",
-                one_row_request("synthetic"),
-                router_pid=cluster.router.process.pid,
-                metadata=(("authorization", f"Bearer {GOLD_KEY}"),),
-            )
-        )
+        speed = gold_flat_out(cluster)
     print(f"calibration: {speed.describe()}", flush=True)
     return speed.rps
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from sluice_inference.common.config import ConfigError
@@ -29,7 +29,7 @@ CHOICES = ("auto", "uvloop", "asyncio")
 T = TypeVar("T")
 
 
-def loop_name(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+def loop_name(environ: Mapping[str, str] = os.environ) -> str:
     """The loop a server process should run, `uvloop` or `asyncio`, from `SLUICE_EVENT_LOOP`. Raises
     ConfigError for a value outside `CHOICES`, or for `uvloop` when it is not installed."""
     choice = environ.get(ENV, "auto").strip().lower() or "auto"
