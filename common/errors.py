@@ -48,8 +48,8 @@ class SluiceError(Exception):
     retryable: bool = False
 
     def __init__(self, message: str, *, reason: str = "", retry_after_s: float | None = None) -> None:
-        if len(message) > MAX_MESSAGE_CHARS:
-            message = bounded_message(message)
+        if (cut := len(message) - MAX_MESSAGE_CHARS) > 0:
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({cut:,} more characters)"
         super().__init__(message)
         self.message = message
         self.reason = reason or self.code.name.lower()
@@ -57,12 +57,6 @@ class SluiceError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.name}, {self.message!r}, reason={self.reason!r})"
-
-
-def bounded_message(message: str) -> str:
-    """`message` cut to `MAX_MESSAGE_CHARS`, saying how much was cut."""
-    cut = len(message) - MAX_MESSAGE_CHARS
-    return f"{message[:MAX_MESSAGE_CHARS]}... ({cut:,} more characters)" if cut > 0 else message
 
 
 class InvalidArgument(SluiceError):
