@@ -33,6 +33,7 @@ from sluice_inference.cli.parsing import (
 from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
 from sluice_inference.common.config import ConfigError, SluiceConfig, load_config
 from sluice_inference.common.event_loop import run_server
+from sluice_inference.common.grpc_server import BindError
 from sluice_inference.common.logs import configure_logging
 
 # What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
@@ -386,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_ARGS
     except ConfigError as exc:
         print(f"sluice: configuration error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    except BindError as exc:
+        print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     except KeyboardInterrupt:
         return 130

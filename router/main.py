@@ -28,7 +28,7 @@ from sluice_inference.common.cluster_auth import ClusterClient, router_identity,
 from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import LeasedKey, router_key
 from sluice_inference.common.event_loop import running_loop_name
-from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.grpc_server import keepalive_options, listen
 from sluice_inference.common.heap import settle_after_startup
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.inference import grpc_service_pb2
@@ -254,7 +254,19 @@ class RouterServer:
         )
 
     async def start(self) -> None:
-        """Bind, serve, register in etcd and start following workers."""
+        """Bind, serve, register in etcd and start following workers. A start that fails part way releases
+        what it took before raising (`stop`: the ports, the probe socket's folder, the registration), so a
+        process or test session that goes on holds none of it."""
+        try:
+            await self._start()
+        except BaseException:
+            try:
+                await self.stop(grace=0.0)
+            except Exception as also:  # each failed step is logged by `stop`; the start's failure is raised
+                log.debug("router start: releasing after the failure also failed: %r", also)
+            raise
+
+    async def _start(self) -> None:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
@@ -268,10 +280,8 @@ class RouterServer:
             ],
         )
         self._servicers(server)
+        self.queue_probe.listen_on(server)
         self.port = self._bind(server)
-        server.add_insecure_port(self.queue_probe.address)
-        if self.port == 0:
-            raise OSError(f"cannot bind router to {settings.listen}")
         await server.start()
         self._server = server
         self._metrics_endpoint = MetricsEndpoint(
@@ -302,7 +312,7 @@ class RouterServer:
         settings = self.config.router
         tls = settings.tls
         if tls.cert_file is None or tls.key_file is None:
-            return server.add_insecure_port(settings.listen)
+            return listen(server, settings.listen, None, what="router")
         credentials = server_credentials(
             cert_file=tls.cert_file,
             key_file=tls.key_file,
@@ -311,7 +321,7 @@ class RouterServer:
             section="router.tls",
             ca_key="client_ca_file",
         )
-        return server.add_secure_port(settings.listen, credentials)
+        return listen(server, settings.listen, credentials, what="router")
 
     @property
     def metrics_port(self) -> int:

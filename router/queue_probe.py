@@ -1,7 +1,8 @@
 """How long a call waits before the router's code runs: the signal of the front door (router/policy/door.py).
 
 The router calls its own server: an empty `ModelInfer` every `PROBE_EVERY_S` over a Unix socket the same
-server listens on (in a private 0700 folder of the router's user, removed at stop). gRPC queues calls per
+server listens on (in a private 0700 folder of the router's user, made when the server binds it and removed
+at stop: a router built and never started leaves nothing behind). gRPC queues calls per
 registered method (`ModelInfer` is one: router/edge.py, `QUEUED_APART`), so only a `ModelInfer` waits in
 the very queue client inference calls wait in (a health check, in another queue, came back in a
 millisecond while they waited two seconds). The call carries a
@@ -63,9 +64,9 @@ class QueueProbe:
         self._door = door
         self._clock = clock
         self._metrics = metrics
-        self._folder = Path(tempfile.mkdtemp(prefix="sluice-router-"))
-        self.address = f"unix:{self._folder / 'probe.sock'}"
-        """Where the server must also listen (before it starts)."""
+        self._folder: Path | None = None
+        self.address = ""
+        """Where the server listens for the probe (`listen_on` sets it)."""
         self.token = secrets.token_hex(16)
         """Marks the probe's calls (`PROBE_KEY` metadata)."""
         self._out_since: float | None = None
@@ -77,6 +78,12 @@ class QueueProbe:
         """Set when a client inference call came in since the last probe."""
         self.probes = 0
         """Probes sent so far."""
+
+    def listen_on(self, server: grpc.aio.Server) -> None:
+        """Make the socket's private folder and have `server` (not started yet) listen in it too."""
+        self._folder = Path(tempfile.mkdtemp(prefix="sluice-router-"))
+        self.address = f"unix:{self._folder / 'probe.sock'}"
+        server.add_insecure_port(self.address)
 
     def arrived(self) -> None:
         """A client inference call reached the door (not the probe's own)."""
@@ -97,7 +104,8 @@ class QueueProbe:
         if self._task is not None:
             self._task.cancel()
             await wait_until(self._clock, {self._task}, self._clock.now() + STOP_WAIT_S)
-        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     async def _probe(self) -> None:
         clock = self._clock

@@ -41,7 +41,7 @@ from sluice_inference.common.etcd import LeasedKey, worker_key
 from sluice_inference.common.event_loop import running_loop_name
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
 from sluice_inference.common.grpc_gate import GateInterceptor
-from sluice_inference.common.grpc_server import keepalive_options
+from sluice_inference.common.grpc_server import keepalive_options, listen
 from sluice_inference.common.heap import settle_after_startup
 from sluice_inference.common.metrics import MetricsEndpoint, listen_host
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -139,12 +139,7 @@ class WorkerProcess:
             ),
             server,
         )
-        if credentials is None:
-            self.port = server.add_insecure_port(settings.listen)
-        else:
-            self.port = server.add_secure_port(settings.listen, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot bind worker to {settings.listen}")
+        self.port = listen(server, settings.listen, credentials, what="worker")
         await server.start()
         self._server = server
         self._metrics_endpoint = MetricsEndpoint(

@@ -1,0 +1,25 @@
+"""A server whose address is taken says so in one line and exits 1: gRPC's own error was a RuntimeError
+that only pointed at GRPC_VERBOSITY, and `sluice router` or `sluice worker` ended with its traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from sluice_inference.cli.parsing import EXIT_BAD_ARGS
+from tests.integration.conftest import Spawn
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_worker_whose_port_is_taken_names_it_and_exits_1(spawn: Spawn) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        worker = spawn("w-taken", env={"SLUICE_WORKER__LISTEN": address})
+        assert worker.wait(60) == EXIT_BAD_ARGS
+    log = worker.log()
+    assert f"sluice worker: the worker cannot listen on {address}: the address is in use" in log
+    assert "Traceback" not in log
