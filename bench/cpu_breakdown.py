@@ -8,7 +8,10 @@ The rule, walking the stack from the leaf towards the root:
 1. the first frame in a library we account separately — Prometheus metrics, OpenTelemetry, protobuf
    (de)serialisation, numpy, torch — names the stage (a metric update called from the driver is the
    metric's cost, not the driver's);
-2. otherwise the first frame in our own code (router/, worker/, common/) names it, by module;
+2. otherwise the first frame in our own code (router/, worker/, common/) names it, by module — except the
+   frame that only runs the event loop (common/event_loop.py `run_server`): on uvloop, whose loop is C,
+   it is the nearest Python frame to every sample of the loop and of grpc's Cython callbacks, which
+   asyncio's own loop shows as its `_run_once`;
 3. otherwise what is left is grpc's own machinery (its aio server, the Cython core) or the event loop.
 
 With the process's CPU seconds and the requests it served over the same window, each stage's share
@@ -59,6 +62,9 @@ PROJECT_STAGES: tuple[tuple[str, str], ...] = (
 )
 """Our modules, most specific first."""
 
+LOOP_RUNNERS = ("common/event_loop.py",)
+"""Our frames that only start the event loop: a sample under them and nothing else of ours is the loop's."""
+
 GRPC = "grpc machinery (aio server and core)"
 LOOP = "event loop and other"
 FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
@@ -72,6 +78,8 @@ def stage_of(stack: list[str]) -> str:
             if fragment in path:
                 return stage
     for path in files:
+        if any(_in_project(path, runner) for runner in LOOP_RUNNERS):
+            continue
         for fragment, stage in PROJECT_STAGES:
             if _in_project(path, fragment):
                 return stage
