@@ -14,7 +14,6 @@ import asyncio
 import json
 import secrets
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.cache_store import ResultCacheStore
@@ -69,28 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per run (default 20)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="sluice-cache-"))
-    init_demo_repository(work / "models")
-    (work / "logs").mkdir()
-    cluster = argparse.Namespace(
-        etcd_port=free_port(), port=free_port(), metrics_port=free_port(), redis_port=free_port(),
-        config=None, workers=2, repository=work / "models", ready_timeout=120.0,
-    )  # fmt: skip
-    children: list[Child] = []
-    try:
-        start_cluster(cluster, work, work / "logs", children, threading.Event())
-        target = f"127.0.0.1:{cluster.port}"
-        runs = {}
-        for cache in (True, False):
-            load = parse_scenario(scenario(target, args.rate, args.duration, cache=cache))
-            runs["cache on" if cache else "cache off"] = asyncio.run(run_scenario(load))["classes"][0]
-        round_trip = asyncio.run(redis_round_trip(f"redis://127.0.0.1:{cluster.redis_port}/0"))
-    finally:
-        stop_cluster(children)
-    _print(runs, round_trip, args.rate)
-    if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "redis_round_trip": round_trip}, indent=2))
-    return 0
+    with scratch_folder("sluice-cache-") as work:
+        init_demo_repository(work / "models")
+        (work / "logs").mkdir()
+        cluster = argparse.Namespace(
+            etcd_port=free_port(), port=free_port(), metrics_port=free_port(), redis_port=free_port(),
+            config=None, workers=2, repository=work / "models", ready_timeout=120.0,
+        )  # fmt: skip
+        children: list[Child] = []
+        try:
+            start_cluster(cluster, work, work / "logs", children, threading.Event())
+            target = f"127.0.0.1:{cluster.port}"
+            runs = {}
+            for cache in (True, False):
+                load = parse_scenario(scenario(target, args.rate, args.duration, cache=cache))
+                runs["cache on" if cache else "cache off"] = asyncio.run(run_scenario(load))["classes"][0]
+            round_trip = asyncio.run(redis_round_trip(f"redis://127.0.0.1:{cluster.redis_port}/0"))
+        finally:
+            stop_cluster(children)
+        _print(runs, round_trip, args.rate)
+        if args.json:
+            args.json.write_text(json.dumps({"runs": runs, "redis_round_trip": round_trip}, indent=2))
+        return 0
 
 
 def _print(runs: dict[str, dict[str, Any]], round_trip: dict[str, float], rate: float) -> None:

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -37,6 +36,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice_inference.bench.idle_cpu import cpu_seconds
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
@@ -141,47 +141,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, help="model repository (default: fresh demo models)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-hop-"))
-    repository = _repository(args, workdir)
-    cluster = argparse.Namespace(
-        etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None, workers=1,
-        repository=repository, ready_timeout=180.0,
-    )  # fmt: skip
-    children: list[Child] = []
-    marks: dict[str, Any] = {}
-
-    def on_window(edge: str) -> None:
-        marks[edge] = (
-            {c.name: cpu_seconds(c.process.pid) for c in children},
-            _batch_rows(cluster.metrics_port),
-            time.monotonic(),
-        )
-
-    try:
-        (workdir / "data").mkdir()
-        start_cluster(cluster, workdir / "data", workdir, children, threading.Event())
-        drive = _drive(
-            cluster.port, args.model, rate=args.rate, warmup_s=args.warmup, seconds=args.seconds,
-            on_window=on_window,
+    with scratch_folder("sluice-hop-") as workdir:
+        repository = _repository(args, workdir)
+        cluster = argparse.Namespace(
+            etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None, workers=1,
+            repository=repository, ready_timeout=180.0,
         )  # fmt: skip
-        ok, failed = asyncio.run(drive)
-    finally:
-        stop_cluster(children)
-    (cpu0, rows0, t0), (cpu1, rows1, t1) = marks["start"], marks["end"]
-    batches = rows1[1] - rows0[1]
-    figures: dict[str, Any] = {
-        "model": args.model, "rate": args.rate,
-        "base_ms": args.base_ms if args.model == "synthetic" else None,
-        "seconds": round(t1 - t0, 2), "ok": ok, "failed": failed,
-        "rows_per_batch": round((rows1[0] - rows0[0]) / batches, 2) if batches else 0.0,
-        "cpu_ms_per_request": {
-            name: round(1000 * (cpu1[name] - cpu0[name]) / max(ok, 1), 3) for name in cpu0 if name != "etcd"
-        },
-    }  # fmt: skip
-    print(json.dumps(figures))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return 0
+        children: list[Child] = []
+        marks: dict[str, Any] = {}
+
+        def on_window(edge: str) -> None:
+            marks[edge] = (
+                {c.name: cpu_seconds(c.process.pid) for c in children},
+                _batch_rows(cluster.metrics_port),
+                time.monotonic(),
+            )
+
+        try:
+            (workdir / "data").mkdir()
+            start_cluster(cluster, workdir / "data", workdir, children, threading.Event())
+            drive = _drive(
+                cluster.port, args.model, rate=args.rate, warmup_s=args.warmup, seconds=args.seconds,
+                on_window=on_window,
+            )  # fmt: skip
+            ok, failed = asyncio.run(drive)
+        finally:
+            stop_cluster(children)
+        (cpu0, rows0, t0), (cpu1, rows1, t1) = marks["start"], marks["end"]
+        batches = rows1[1] - rows0[1]
+        figures: dict[str, Any] = {
+            "model": args.model, "rate": args.rate,
+            "base_ms": args.base_ms if args.model == "synthetic" else None,
+            "seconds": round(t1 - t0, 2), "ok": ok, "failed": failed,
+            "rows_per_batch": round((rows1[0] - rows0[0]) / batches, 2) if batches else 0.0,
+            "cpu_ms_per_request": {
+                name: round(1000 * (cpu1[name] - cpu0[name]) / max(ok, 1), 3)
+                for name in cpu0 if name != "etcd"
+            },
+        }  # fmt: skip
+        print(json.dumps(figures))
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return 0
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from sluice_inference.worker.demo_models import init_demo_repository
 
@@ -88,30 +88,32 @@ def main(argv: list[str] | None = None) -> int:
         help="also start a cluster with VAR=VALUE in its environment, measured in the same windows",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-idle-"))
-    repository = args.repository
-    if repository is None:
-        repository = workdir / "models"
-        init_demo_repository(repository)
-    variants: dict[str, dict[str, str]] = {"as is": {}}
-    if args.beside is not None:
-        variants[f"{args.beside[0]}={args.beside[1]}"] = dict([args.beside])
-    clusters: dict[str, list[Child]] = {label: [] for label in variants}
-    try:
-        for number, (label, env) in enumerate(variants.items()):
-            start(workdir / f"cluster-{number}", args.workers, repository, clusters[label], env)
-        time.sleep(SETTLE_S)
-        for window in range(args.windows):
-            for label, shares in measure(clusters, args.seconds).items():
-                if len(clusters) > 1 or args.windows > 1:
-                    print(f"window {window + 1}, {label}:")
-                for name, share in shares.items():
-                    print(f"{name:<10} {share:5.2f} % of a core")
-                print(f"{'total':<10} {sum(shares.values()):5.2f} % of a core over {args.seconds:g} s idle")
-    finally:
-        for children in clusters.values():
-            stop_cluster(children)
-    return 0
+    with scratch_folder("sluice-idle-") as workdir:
+        repository = args.repository
+        if repository is None:
+            repository = workdir / "models"
+            init_demo_repository(repository)
+        variants: dict[str, dict[str, str]] = {"as is": {}}
+        if args.beside is not None:
+            variants[f"{args.beside[0]}={args.beside[1]}"] = dict([args.beside])
+        clusters: dict[str, list[Child]] = {label: [] for label in variants}
+        try:
+            for number, (label, env) in enumerate(variants.items()):
+                start(workdir / f"cluster-{number}", args.workers, repository, clusters[label], env)
+            time.sleep(SETTLE_S)
+            for window in range(args.windows):
+                for label, shares in measure(clusters, args.seconds).items():
+                    if len(clusters) > 1 or args.windows > 1:
+                        print(f"window {window + 1}, {label}:")
+                    for name, share in shares.items():
+                        print(f"{name:<10} {share:5.2f} % of a core")
+                    print(
+                        f"{'total':<10} {sum(shares.values()):5.2f} % of a core over {args.seconds:g} s idle"
+                    )
+        finally:
+            for children in clusters.values():
+                stop_cluster(children)
+        return 0
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,7 @@ from sluice_inference.bench.minimal_path import (
     MinimalPath,
     running_minimal_path,
 )
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.bench.two_tenant_overload import TABLE_HEAD, scenario, tenant_row
 
 
@@ -161,21 +161,21 @@ def run_bench(args: argparse.Namespace) -> int:
     core = 0 if args.pin else None
     if args.pin:
         os.sched_setaffinity(0, {1})  # the children start here and move themselves to core 0
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-minimal-two-tenant-"))
-    rate = calibrate(core, workdir / "calibration") if args.rate is None else args.rate
-    with running_minimal_path(door=True, core=core, log_dir=workdir / "run") as path:
-        load = scenario(path.target, args.factor * rate, args.gold_share, args.duration, args.slo_ms)
-        gold = measure(path, "gold alone", one_tenant(load, "gold"))
-        bronze = measure(path, "bronze alone", one_tenant(load, "bronze"))
-        overload = measure(path, f"{args.factor:g} x R", load)
-    runs = [gold, bronze, overload]
-    figures = costs(gold, bronze, overload, args.duration)
-    report(args, rate, runs, figures)
-    if args.json:
-        reports = [{"label": r.label, "router_cpu_s": r.router_cpu_s, "worker_cpu_s": r.worker_cpu_s,
-                    "report": r.report} for r in runs]  # fmt: skip
-        args.json.write_text(json.dumps({"rate": rate, "runs": reports, **figures}))
-    return 0
+    with scratch_folder("sluice-minimal-two-tenant-") as workdir:
+        rate = calibrate(core, workdir / "calibration") if args.rate is None else args.rate
+        with running_minimal_path(door=True, core=core, log_dir=workdir / "run") as path:
+            load = scenario(path.target, args.factor * rate, args.gold_share, args.duration, args.slo_ms)
+            gold = measure(path, "gold alone", one_tenant(load, "gold"))
+            bronze = measure(path, "bronze alone", one_tenant(load, "bronze"))
+            overload = measure(path, f"{args.factor:g} x R", load)
+        runs = [gold, bronze, overload]
+        figures = costs(gold, bronze, overload, args.duration)
+        report(args, rate, runs, figures)
+        if args.json:
+            reports = [{"label": r.label, "router_cpu_s": r.router_cpu_s, "worker_cpu_s": r.worker_cpu_s,
+                        "report": r.report} for r in runs]  # fmt: skip
+            args.json.write_text(json.dumps({"rate": rate, "runs": reports, **figures}))
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice_inference.bench.calibration import RouterSpeed, measure_router, one_row_request, scale_for
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
 from sluice_inference.router.policy.tenants import hash_api_key
 from sluice_inference.router.status import EXPORT_EVERY_S, REFRESH_S
@@ -394,23 +395,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scale is not None and args.scale < 1:
         parser.error("--scale must be at least 1")
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-overload-"))
-    calibration = calibrate(workdir / "calibration") if args.scale is None else Calibration(None, args.scale)
-    print(calibration.describe(), flush=True)
-    runs = {
-        "admission": run_once(
-            admission=True, duration_s=args.duration, workdir=workdir / "on", calibration=calibration
-        ),
-        "plain FIFO": run_once(
-            admission=False, duration_s=args.duration, workdir=workdir / "off", calibration=calibration
-        ),
-    }
-    print(f"\n{calibration.describe()}")
-    print(f"offered 3 x C for {args.duration:g} s each\n")
-    print(comparison_table(runs))
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=2))
-    return 0
+    with scratch_folder("sluice-overload-") as workdir:
+        calibration = (
+            calibrate(workdir / "calibration") if args.scale is None else Calibration(None, args.scale)
+        )
+        print(calibration.describe(), flush=True)
+        runs = {
+            "admission": run_once(
+                admission=True, duration_s=args.duration, workdir=workdir / "on", calibration=calibration
+            ),
+            "plain FIFO": run_once(
+                admission=False, duration_s=args.duration, workdir=workdir / "off", calibration=calibration
+            ),
+        }
+        print(f"\n{calibration.describe()}")
+        print(f"offered 3 x C for {args.duration:g} s each\n")
+        print(comparison_table(runs))
+        if args.json:
+            args.json.write_text(json.dumps(runs, indent=2))
+        return 0
 
 
 if __name__ == "__main__":

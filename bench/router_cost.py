@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from sluice_inference.bench.cpu_breakdown import table
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
 from sluice_inference.bench.overload import running_cluster, write_repository
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.router.policy.tenants import hash_api_key
 
 KEY = "bench-key"
@@ -126,35 +126,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     parser.add_argument("--profile", type=Path, help="write py-spy raw samples here and print the breakdown")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-router-cost-"))
-    repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
-    if args.profile is not None:
-        args.profile.mkdir(parents=True, exist_ok=True)
-    runs = {
-        name: measure(
-            workdir / name, repository, door_closed=name == "refused", rate=args.rate,
-            duration_s=args.duration, profile=args.profile,
-        )
-        for name in ("served", "refused")
-    }  # fmt: skip
-    for name, run in runs.items():
-        print(
-            f"{name}: {args.rate:g} req/s offered, {run['ok']} OK and {run['refused']} refused of "
-            f"{run['offered']}; router {run['router_cores']:.2f} cores, "
-            f"{run['router_ms_per_request']:.3f} ms CPU per request "
-            f"(worker {run['worker_ms_per_request']:.3f})"
-        )
-    served, refused = runs["served"], runs["refused"]
-    router_ratio = refused["router_ms_per_request"] / served["router_ms_per_request"]
-    whole = served["router_ms_per_request"] + served["worker_ms_per_request"]
-    refusal_whole = refused["router_ms_per_request"] + refused["worker_ms_per_request"]
-    print(f"refusal / serving: {router_ratio:.2f} in the router, {refusal_whole / whole:.2f} router + worker")
-    if args.profile is not None:
+    with scratch_folder("sluice-router-cost-") as workdir:
+        repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        runs = {
+            name: measure(
+                workdir / name, repository, door_closed=name == "refused", rate=args.rate,
+                duration_s=args.duration, profile=args.profile,
+            )
+            for name in ("served", "refused")
+        }  # fmt: skip
         for name, run in runs.items():
-            print(f"\n{name}:")
-            requests = round(args.rate * args.duration)
-            print(table([args.profile / f"{name}.raw"], [run["router_cpu_s"]], requests))
-    return 0
+            print(
+                f"{name}: {args.rate:g} req/s offered, {run['ok']} OK and {run['refused']} refused of "
+                f"{run['offered']}; router {run['router_cores']:.2f} cores, "
+                f"{run['router_ms_per_request']:.3f} ms CPU per request "
+                f"(worker {run['worker_ms_per_request']:.3f})"
+            )
+        served, refused = runs["served"], runs["refused"]
+        router_ratio = refused["router_ms_per_request"] / served["router_ms_per_request"]
+        whole = served["router_ms_per_request"] + served["worker_ms_per_request"]
+        refusal_whole = refused["router_ms_per_request"] + refused["worker_ms_per_request"]
+        whole_ratio = refusal_whole / whole
+        print(f"refusal / serving: {router_ratio:.2f} in the router, {whole_ratio:.2f} router + worker")
+        if args.profile is not None:
+            for name, run in runs.items():
+                print(f"\n{name}:")
+                requests = round(args.rate * args.duration)
+                print(table([args.profile / f"{name}.raw"], [run["router_cpu_s"]], requests))
+        return 0
 
 
 if __name__ == "__main__":

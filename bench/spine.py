@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.common.local_cluster import free_port
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
@@ -166,22 +166,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     ports = {"router": free_port(), "metrics": free_port(), "etcd": free_port()}
-    log_dir = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
-    process, ready_s = start_cluster(ports, log_dir / "run.log")
-    addr = f"127.0.0.1:{ports['router']}"
-    try:
-        figures = {
-            "make_run_to_ready_s": ready_s,
-            "hop": hop_latency(addr, args.repository, args.requests),
-            "saturation": saturation(addr, ports["metrics"], args.concurrency, args.duration),
-        }
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(60)
-    _print(figures)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return 0
+    with scratch_folder("sluice-bench-") as log_dir:
+        process, ready_s = start_cluster(ports, log_dir / "run.log")
+        addr = f"127.0.0.1:{ports['router']}"
+        try:
+            figures = {
+                "make_run_to_ready_s": ready_s,
+                "hop": hop_latency(addr, args.repository, args.requests),
+                "saturation": saturation(addr, ports["metrics"], args.concurrency, args.duration),
+            }
+        finally:
+            os.killpg(process.pid, signal.SIGINT)
+            process.wait(60)
+        _print(figures)
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return 0
 
 
 def _print(f: dict[str, Any]) -> None:

@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ from sluice_inference.bench.overload import (
     write_repository,
     write_yaml,
 )
+from sluice_inference.bench.scratch import scratch_folder
 
 REFUSED_MIN = 0.1
 """The share of an overload run's calls that must be door refusals for their cost to be estimated."""
@@ -290,28 +290,28 @@ def main(argv: list[str] | None = None) -> int:
     server_core, generator_core = (sorted(os.sched_getaffinity(0)) * 2)[:2]
     if args.pin:
         pin(None, generator_core)  # the cluster's processes start here too, and move once started
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-two-tenant-"))
-    repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
-    rate = args.rate or calibrate(workdir, repository, server_core if args.pin else None)
-    config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
-    with running_cluster(workdir / "run", repository, config) as cluster:
-        if args.pin:
-            pin(cluster, server_core)
-        target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
+    with scratch_folder("sluice-two-tenant-") as workdir:
+        repository = write_repository(workdir / "models", base_ms=0.0, per_item_ms=0.0)
+        rate = args.rate or calibrate(workdir, repository, server_core if args.pin else None)
+        config = write_config(workdir / "run" / "sluice.yaml", door_ms=args.door_ms)
+        with running_cluster(workdir / "run", repository, config) as cluster:
+            if args.pin:
+                pin(cluster, server_core)
+            target, pid = f"127.0.0.1:{cluster.port}", cluster.router.process.pid
 
-        def run_at(factor: float, gold_share: float) -> Run:
-            load = scenario(target, factor * rate, gold_share, args.duration, args.slo_ms)
-            return run_load(target, pid, f"{factor:g} x R", load)
+            def run_at(factor: float, gold_share: float) -> Run:
+                load = scenario(target, factor * rate, gold_share, args.duration, args.slo_ms)
+                return run_load(target, pid, f"{factor:g} x R", load)
 
-        served = run_at(args.half, 0.5)
-        overloads = [run_at(factor, args.gold_share) for factor in args.factor]
-    report(args, rate, served, overloads)
-    if args.plot:
-        plot(overloads, args.factor, args.plot)
-    if args.json:
-        runs = [served, *overloads]
-        args.json.write_text(json.dumps({"rate": rate, "runs": [r.report for r in runs]}))
-    return 0
+            served = run_at(args.half, 0.5)
+            overloads = [run_at(factor, args.gold_share) for factor in args.factor]
+        report(args, rate, served, overloads)
+        if args.plot:
+            plot(overloads, args.factor, args.plot)
+        if args.json:
+            runs = [served, *overloads]
+            args.json.write_text(json.dumps({"rate": rate, "runs": [r.report for r in runs]}))
+        return 0
 
 
 if __name__ == "__main__":

@@ -74,10 +74,10 @@ def load_model(name: str, profile: tuple[float, float], executor: Executor) -> L
         spec = ModelVersionSpec("synthetic", "1", config, None, "sha256:" + "0" * 64)
         model = LoadedModel(spec, SyntheticBackend(config, "cpu"))
     else:
-        root = Path(tempfile.mkdtemp(prefix="sluice-bench-models-"))
-        init_demo_repository(root)
-        [spec] = scan_repository(root, [name])
-        model = executor.load(spec)
+        with tempfile.TemporaryDirectory(prefix="sluice-bench-models-") as folder:
+            init_demo_repository(Path(folder))
+            [spec] = scan_repository(Path(folder), [name])
+            model = executor.load(spec)
     executor.warm_up(model)
     return model
 

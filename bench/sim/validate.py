@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import threading
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -42,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
+from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.bench.sim.engine import simulate
 from sluice_inference.bench.sim.plan import plan_run
 from sluice_inference.bench.sim.scenario import parse_sim_scenario
@@ -190,47 +190,49 @@ def format_comparison(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the cluster, calibrate, measure every rate, simulate it, stop the cluster."""
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-simval-"))
-    ports = argparse.Namespace(
-        etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None,
-        workers=args.workers, repository=write_repository(workdir / "models", args.profile),
-        ready_timeout=120.0,
-    )  # fmt: skip
-    children: list[Child] = []
-    (workdir / "logs").mkdir()
-    target = f"127.0.0.1:{ports.port}"
-    try:
-        start_cluster(ports, workdir / "etcd", workdir / "logs", children, threading.Event())
-        measure(target, args.calibrate_rate, 3.0, args.seed + 100)  # warm the path: channels, caches
-        before = router_batches(ports.metrics_port)
-        calib_real = measure(target, args.calibrate_rate, args.duration, args.seed)
-        per_batch = batch_overhead_ms(args.profile, before, router_batches(ports.metrics_port))
-        calib_sim = simulated(
-            args.calibrate_rate, args.duration, args.seed, args.workers, profile=args.profile,
-            overhead_ms=0.0, per_batch_ms=per_batch,
+    with scratch_folder("sluice-simval-") as workdir:
+        ports = argparse.Namespace(
+            etcd_port=free_port(), port=free_port(), metrics_port=free_port(), config=None,
+            workers=args.workers, repository=write_repository(workdir / "models", args.profile),
+            ready_timeout=120.0,
         )  # fmt: skip
-        overhead = _figures(calib_real["total"])["p50_ms"] - _figures(calib_sim["total"])["p50_ms"]
-        overhead = max(0.0, overhead)
-        rows = []
-        for rate in args.rates:
+        children: list[Child] = []
+        (workdir / "logs").mkdir()
+        target = f"127.0.0.1:{ports.port}"
+        try:
+            start_cluster(ports, workdir / "etcd", workdir / "logs", children, threading.Event())
+            measure(target, args.calibrate_rate, 3.0, args.seed + 100)  # warm the path: channels, caches
             before = router_batches(ports.metrics_port)
-            real = measure(target, rate, args.duration, args.seed)
-            after = router_batches(ports.metrics_port)
-            sim = simulated(
-                rate, args.duration, args.seed, args.workers, profile=args.profile, overhead_ms=overhead,
-                per_batch_ms=per_batch,
+            calib_real = measure(target, args.calibrate_rate, args.duration, args.seed)
+            per_batch = batch_overhead_ms(args.profile, before, router_batches(ports.metrics_port))
+            calib_sim = simulated(
+                args.calibrate_rate, args.duration, args.seed, args.workers, profile=args.profile,
+                overhead_ms=0.0, per_batch_ms=per_batch,
             )  # fmt: skip
-            row = comparison(rate, real, sim)
-            row["real_mean_batch"] = (after[1] - before[1]) / max(1.0, after[0] - before[0])
-            row["sim_mean_batch"] = sim["batches"]["mean_rows"]
-            rows.append(row)
-            print(f"rate {rate:g}: {row['relative_diff']}", flush=True)
-    finally:
-        stop_cluster(children)
-    capacity = args.workers * args.profile.capacity_per_worker
-    return {"overhead_ms": overhead, "batch_overhead_ms": per_batch, "calibrate_rate": args.calibrate_rate,
+            overhead = _figures(calib_real["total"])["p50_ms"] - _figures(calib_sim["total"])["p50_ms"]
+            overhead = max(0.0, overhead)
+            rows = []
+            for rate in args.rates:
+                before = router_batches(ports.metrics_port)
+                real = measure(target, rate, args.duration, args.seed)
+                after = router_batches(ports.metrics_port)
+                sim = simulated(
+                    rate, args.duration, args.seed, args.workers, profile=args.profile, overhead_ms=overhead,
+                    per_batch_ms=per_batch,
+                )  # fmt: skip
+                row = comparison(rate, real, sim)
+                row["real_mean_batch"] = (after[1] - before[1]) / max(1.0, after[0] - before[0])
+                row["sim_mean_batch"] = sim["batches"]["mean_rows"]
+                rows.append(row)
+                print(f"rate {rate:g}: {row['relative_diff']}", flush=True)
+        finally:
+            stop_cluster(children)
+        capacity = args.workers * args.profile.capacity_per_worker
+        return {
+            "overhead_ms": overhead, "batch_overhead_ms": per_batch, "calibrate_rate": args.calibrate_rate,
             "workers": args.workers, "duration_s": args.duration, "profile": asdict(args.profile),
-            "capacity_rps": capacity, "rows": rows}  # fmt: skip
+            "capacity_rps": capacity, "rows": rows,
+        }  # fmt: skip
 
 
 def _rates(text: str) -> list[float]:
