@@ -5,7 +5,8 @@ A server process (pinned to one core) answers `ModelInfer` with raw bytes, in on
 router/receive_gate.py: a server interceptor hands every call a request-streaming handler made for it,
 which reads the body itself with `context.read()` under a per-call timer, then echoes it), `aio-refuse`
 (grpc.aio, refuse with UNAVAILABLE and trailers, as the front door does), `sync-ok` (the thread-pool
-server, echo). An open-loop client pinned to another core sends
+server, echo). The aio modes run on the event loop the router and worker run on (common/event_loop.py:
+`SLUICE_EVENT_LOOP=asyncio` for asyncio's own). An open-loop client pinned to another core sends
 `--rate` calls per second for `--seconds`; the server's CPU over that window divided by the calls is the
 figure. `--hog-ms` makes every turn of the aio server's event loop also spend that long in one callback
 (what other work in the router's loop does to the calls): it shows how the rate a grpc.aio server takes
@@ -30,6 +31,7 @@ from typing import Any
 import grpc
 
 from sluice_inference.bench.calibration import process_cpu_s
+from sluice_inference.common.event_loop import run_server
 from sluice_inference.common.local_cluster import free_port
 
 SERVICE, METHOD = "inference.GRPCInferenceService", "ModelInfer"
@@ -96,7 +98,7 @@ def serve(mode: str, port: int, hog_s: float) -> None:
     if mode == "sync-ok":
         _sync_server(port)
     else:
-        asyncio.run(_aio_server(port, mode == "aio-refuse", mode == "aio-gated", hog_s))
+        run_server(_aio_server(port, mode == "aio-refuse", mode == "aio-gated", hog_s))
 
 
 async def load(port: int, rate: float, seconds: float) -> dict[str, Any]:

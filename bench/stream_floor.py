@@ -4,7 +4,8 @@ work at all — one message of `--bytes` each way, as a batch and its answer are
 A client (this process) writes a message and reads the echo, `--exchanges` times after a warm-up, over TCP
 loopback and over a Unix-domain socket (gRPC's `unix:` target, the design's option for a co-located
 worker); the client's CPU is `time.process_time`, the echo server's (a child process) from /proc. Both are
-pinned to one core, as the peer sittings pin a whole Sluice.
+pinned to one core, as the peer sittings pin a whole Sluice, and run on the event loop the router and
+worker run on (common/event_loop.py: `SLUICE_EVENT_LOOP=asyncio` for asyncio's own).
 
     python -m sluice_inference.bench.stream_floor [--bytes 8000] [--exchanges 4000] [--core 0]
 """
@@ -24,6 +25,7 @@ from typing import Any
 import grpc
 
 from sluice_inference.bench.calibration import process_cpu_s
+from sluice_inference.common.event_loop import run_server
 from sluice_inference.common.local_cluster import free_port
 
 METHOD = "/floor.Echo/Stream"
@@ -76,7 +78,7 @@ def measure(target: str, size: int, exchanges: int, core: int) -> tuple[float, f
     cores = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {core})
-        return asyncio.run(_exchange(target, size, exchanges, child.pid))
+        return run_server(_exchange(target, size, exchanges, child.pid))
     finally:
         os.sched_setaffinity(0, cores)
         child.kill()
@@ -92,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         os.sched_setaffinity(0, {args.core})
-        asyncio.run(_serve(args.serve))
+        run_server(_serve(args.serve))
         return
     with tempfile.TemporaryDirectory() as folder:
         for name, target in (
