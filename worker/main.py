@@ -114,7 +114,19 @@ class WorkerProcess:
 
     async def start(self) -> None:
         """Load and warm every model, serve, then register as ready. ConfigError (before any model is
-        loaded) when the worker has no way to tell a router's batch from anyone else's."""
+        loaded) when the worker has no way to tell a router's batch from anyone else's. A start that
+        fails part way releases what it took before raising (`stop`: the device thread, the port, the
+        metrics endpoint), so a process or test session that goes on holds none of it."""
+        try:
+            await self._start()
+        except BaseException:
+            try:
+                await self.stop(grace=0.0)
+            except Exception as also:
+                log.debug("worker start: releasing after the failure also failed: %r", also)
+            raise
+
+    async def _start(self) -> None:
         settings = self.config.worker
         require_worker_credentials(self.config.cluster, self.worker_id)
         refuse_dev_token(self.config.cluster, dev=settings.dev)
