@@ -33,7 +33,6 @@ from sluice_inference.cli.parsing import (
 from sluice_inference.cli.sim_cmd import add_sim_parser, run_sim
 from sluice_inference.common.config import ConfigError, SluiceConfig, load_config
 from sluice_inference.common.event_loop import run_server
-from sluice_inference.common.grpc_server import BindError
 from sluice_inference.common.logs import configure_logging
 
 # What a slim install (client, CLI, router) leaves out, and the extra that brings it: `sluice worker` and
@@ -336,16 +335,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     config = _config(args)
     if args.command == "router" and args.processes != 1:
         return _router_processes(args, argv, config)
-    if args.command == "router":
-        from sluice_inference.router.main import serve_router
-
-        run_server(serve_router(config))
-        return 0
-    if args.command == "worker":
-        from sluice_inference.worker.main import serve_worker
-
-        run_server(serve_worker(config))
-        return 0
+    if args.command in ("router", "worker"):
+        return _serve(args.command, config)
     if args.command == "workers":
         if args.addr:
             return commands.list_workers_via_router(args)
@@ -369,6 +360,29 @@ def _router_processes(args: argparse.Namespace, argv: list[str], config: SluiceC
     return run_router_processes(argv, args.processes, config.router.metrics_port, config.router.router_id)
 
 
+def _serve(command: str, config: SluiceConfig) -> int:
+    """Run a router or a worker until it stops. What stops it at start is one line, not a traceback: an
+    address it cannot listen on (exit 1, as a configuration error), or etcd not answering (exit 2, as
+    the CLI's other commands that cannot connect)."""
+    from sluice_inference.cli.commands import EXIT_CONNECTION
+    from sluice_inference.common.etcd import EtcdUnavailable
+    from sluice_inference.common.grpc_server import BindError
+
+    if command == "router":
+        from sluice_inference.router.main import serve_router as serve
+    else:
+        from sluice_inference.worker.main import serve_worker as serve
+    try:
+        run_server(serve(config))
+    except BindError as exc:
+        print(f"sluice {command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    except EtcdUnavailable as exc:
+        print(f"sluice {command}: cannot register in etcd: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sluice` console script."""
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -387,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_ARGS
     except ConfigError as exc:
         print(f"sluice: configuration error: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except BindError as exc:
-        print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     except KeyboardInterrupt:
         return 130
