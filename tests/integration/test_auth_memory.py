@@ -62,7 +62,8 @@ def keyed_router(
     port = free_port()
     argv = [sys.executable, "-m", "sluice_inference.cli", "--config", str(config), "router", "--listen",
             f"127.0.0.1:{port}", "--metrics-port", "0"]  # fmt: skip
-    env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token}
+    # Killed with SIGKILL at the end: its probe folder goes with tmp_path (tests/support/router_process.py).
+    env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token, "TMPDIR": str(tmp_path)}
     with (tmp_path / "router.log").open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:

@@ -45,7 +45,8 @@ def routers(etcd_settings: EtcdSettings, cluster_token: str, tmp_path: Path) -> 
     port = free_port()
     argv = [sys.executable, "-m", "sluice_inference.cli", "router", "--processes", "2", "--listen",
             f"127.0.0.1:{port}", "--metrics-port", "0", "--router-id", f"r{port}"]  # fmt: skip
-    env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token}
+    # The children's probe folders under tmp_path: the test kills one with SIGKILL (router_process.py).
+    env = {**etcd_env(etcd_settings), "SLUICE_CLUSTER__TOKEN": cluster_token, "TMPDIR": str(tmp_path)}
     with (tmp_path / "routers.log").open("wb") as log:
         parent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:

@@ -31,7 +31,9 @@ class RouterProcess:
         argv = [sys.executable, "-m", "sluice_inference.cli", "--config", str(config_path), "router",
                 "--router-id", router_id, "--listen", f"127.0.0.1:{self.port}", "--metrics-port",
                 "0"]  # fmt: skip
-        env = {**etcd_env(etcd), "SLUICE_CLUSTER__TOKEN": token}
+        # Its temporary files (the queue probe's socket folder) under `log_dir`, which pytest removes: a
+        # router killed with SIGKILL cannot remove them itself.
+        env = {**etcd_env(etcd), "SLUICE_CLUSTER__TOKEN": token, "TMPDIR": str(log_dir)}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
