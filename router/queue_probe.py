@@ -147,10 +147,14 @@ class QueueProbe:
 
     def _watch(self) -> None:
         """The outstanding probe's age has reached its next mark (the bound, then each doubling): one
-        sample, and a timer for the next mark."""
+        sample, and a timer for the next mark. The sample is never under the mark: uvloop times its timers
+        on a cached millisecond clock, so one fires up to a millisecond early by `time.monotonic()`, and a
+        first mark read as 29.7 ms against a 30 ms bound counted as a wait under the bound. Every such
+        sample restarted the door's sustain: at 1.1x the router's capacity it stayed open for 3-6 s and
+        more while calls waited 60-240 ms (docs/performance.md, "The late evening of 2026-12-03")."""
         if self._out_since is None:
             return
         now = self._clock.now()
-        self._report(now - self._out_since, now)
+        self._report(max(now - self._out_since, self._next_mark), now)
         self._next_mark *= 2
         self._timer = self._clock.call_at(self._out_since + self._next_mark, self._watch)

@@ -150,7 +150,7 @@ class Door:
 
     def _control(self, delay_s: float, now: float, top: int | None) -> None:
         """The total fraction's AIMD law (module docstring)."""
-        if delay_s > self.max_delay_s:
+        if delay_s >= self.max_delay_s:  # a wait that reached the bound (a probe's first mark) is past it
             if not self.engaged:
                 if not self._lasted(delay_s, now) and top is None:
                     return
@@ -172,7 +172,7 @@ class Door:
         sustain time, or `REARM_SUSTAIN_S` above `REARM_FACTOR` times the bound within `REARM_S` of the
         door's last full opening."""
         self._above_since = now if self._above_since is None else self._above_since
-        if delay_s > REARM_FACTOR * self.max_delay_s and now - self._opened_at < REARM_S:
+        if delay_s >= REARM_FACTOR * self.max_delay_s and now - self._opened_at < REARM_S:
             self._far_above_since = now if self._far_above_since is None else self._far_above_since
             if now - self._far_above_since >= min(REARM_SUSTAIN_S, self.sustain_s):
                 return True
@@ -190,7 +190,7 @@ class Door:
     def _protected_level(self, delay_s: float) -> int | None:
         """The level spared this sample: the highest calling one, while more than one level calls and the
         wait is under `PROTECT` times the bound (module docstring); None otherwise."""
-        if delay_s > PROTECT * self.max_delay_s:
+        if delay_s >= PROTECT * self.max_delay_s:
             return None
         calling = [number for number, level in self._levels.items() if level.recent]
         return min(calling) if len(calling) >= 2 else None

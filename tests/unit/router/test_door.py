@@ -52,6 +52,15 @@ def test_a_burst_shorter_than_the_sustain_time_is_served_not_refused() -> None:
     assert not door.engaged and admitted(door, 100) == 100
 
 
+def test_a_wait_that_reaches_the_bound_counts_as_past_it() -> None:
+    """The queue probe reports a probe still out at its first mark as exactly the bound (queue_probe.py
+    `_watch`): such samples, between waits of twice the bound, must not restart the sustain time."""
+    door = Door(BOUND, SUSTAIN)
+    for step in range(round(SUSTAIN / 0.05) + 1):
+        door.observe(BOUND if step % 2 else REARM_FACTOR * BOUND, step * 0.05)
+    assert door.engaged and door.fraction < 1.0
+
+
 def test_a_sustained_wait_closes_the_door_multiplicatively_down_to_a_floor() -> None:
     door = Door(BOUND, SUSTAIN)
     late_for(door, SUSTAIN)
