@@ -212,9 +212,7 @@ class RouterSettings(_Section):
     benchmark uses 20 ms for a 50 ms SLO); 0 turns it off."""
     door_sustain_s: float = Field(default=1.0, ge=0)
     """How long the wait must exceed `door_max_delay_ms` before the door first refuses anything: bursts
-    that drain and closed-loop clients' standing queues are served. With the bound near a tight SLO (tens
-    of ms), 0.25 kept twice the goodput just past the router's limit, and refused no more at it
-    (docs/performance.md, "The late evening of 2026-12-03")."""
+    that drain and closed-loop clients' standing queues are served."""
     pressure_hold_factor: float = Field(default=5.0, ge=1.0, le=10.0)
     """While the router's own CPU is short, how far past a model's `batching.max_wait_ms` a lane may hold
     its oldest request for a fuller batch: the hold grows with the CPU pressure of the router's event loop,
