@@ -18,9 +18,10 @@ to each of their samples closed the door far past the point of relief and halved
 saturation), and grows back additively with every sample below half of it, until all are admitted again (AIMD,
 as TCP does for the same problem: find the rate a shared resource sustains without measuring it directly,
 cutting at most once per round trip). For a few seconds after it has opened fully, a delay that stays above
-twice the bound for a tenth of a second closes it again, not the whole sustain time: the load that closed
-it is back and building a queue, where a router near its capacity only sees waits just over the bound
-come and go. Refusals are spread evenly (a
+the bound for a tenth of a second closes it again, not the whole sustain time: the load that closed it is
+most likely back and building a queue, and every call of that queue past the SLO is lost (waiting for
+twice the bound first, as the door did until 2026-12-04, lost about half of what the router serves at
+1.05-1.1x its capacity: bench/door_model.py and docs/performance.md). Refusals are spread evenly (a
 credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a retry hint. A refusal
 costs gRPC's per-call work and this check: about 1.3x a bare grpc.aio server's refusal, half of what the
 router spends serving a request and a quarter of what the router and the worker spend together
@@ -63,23 +64,17 @@ HOLD_MAX_S = 0.1
 """The longest wait between two cuts: a delay of seconds (a queue built before the door closed) must not
 leave the door as open as it was for seconds."""
 REARM_S = 5.0
-"""After the door has opened fully, for this long a delay above `REARM_FACTOR` times the bound closes it
-again once it has lasted `REARM_SUSTAIN_S`, not `sustain_s`: the load that closed it is most likely still
-there, and waiting `sustain_s` again lets a queue of that length build before every close. A delay
-between the bound and that waits the whole `sustain_s`, as before the first close."""
+"""After the door has opened fully, for this long a delay above the bound closes it again once it has
+lasted `REARM_SUSTAIN_S`, not `sustain_s`: the load that closed it is most likely still there, and waiting
+`sustain_s` again lets a queue of that length build before every close."""
 REARM_SUSTAIN_S = 0.1
-"""How long the delay must stay above `REARM_FACTOR` times the bound to close a door that opened fully
-less than `REARM_S` ago: the interval of CoDel's rule (a queue that has not drained within it is
-standing). Closing on a single late sample made a router near its capacity, where an occasional call
-waits past the bound and the next one does not, refuse 5-10 % of a load it could serve
-(docs/performance.md)."""
-REARM_FACTOR = 2.0
-"""How far above the bound a wait must stay to close a recently opened door quickly. Near its capacity a
-router's waits cross the bound for a tenth of a second every few seconds and come back: closing on those
-made a door that closed once (on the load generator's first burst) close again and again, each re-opening
-arming the next close, and refused 3-28 % of a load the router serves whole when the door stays open
-(docs/performance.md, 2026-12-03). A load the router cannot take is back above twice the bound within a
-tenth of a second at 1.4x its capacity."""
+"""How long the delay must stay above the bound to close a door that opened fully less than `REARM_S`
+ago: the interval of CoDel's rule (a queue that has not drained within it is standing). Closing on a
+single late sample made a router near its capacity, where an occasional call waits past the bound and the
+next one does not, refuse 5-10 % of a load it could serve (docs/performance.md). Waiting instead for
+twice the bound (2026-12-03 to 12-04) let a load of 1.05-1.1x the router's capacity build a queue past
+the SLO before every close; at its limit the router refused no more without it (docs/performance.md,
+2026-12-04)."""
 RETRY_AFTER_S = 0.1
 """The retry hint of a refusal: about the time the fraction takes to recover by a tenth."""
 MEMORY = 0.7
@@ -126,8 +121,7 @@ class Door:
     refused: int = 0
     """Requests refused so far."""
     _above_since: float | None = None
-    _far_above_since: float | None = None
-    """Since when the delay has stayed above `REARM_FACTOR` times the bound (None: it is not)."""
+    """Since when the delay has stayed above the bound (None: it is not)."""
     _opened_at: float = float("-inf")
     _hold_until: float = float("-inf")
     _levels: dict[int, _Level] = field(default_factory=dict)
@@ -152,7 +146,7 @@ class Door:
         """The total fraction's AIMD law (module docstring)."""
         if delay_s >= self.max_delay_s:  # a wait that reached the bound (a probe's first mark) is past it
             if not self.engaged:
-                if not self._lasted(delay_s, now) and top is None:
+                if not self._lasted(now) and top is None:
                     return
                 self.engaged = True
             if now >= self._hold_until:
@@ -160,25 +154,19 @@ class Door:
                 self.fraction = min(self.fraction, cut)
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
-        self._above_since = self._far_above_since = None
+        self._above_since = None
         if self.engaged and delay_s < self.max_delay_s / 2:
             self.fraction = min(1.0, self.fraction + INCREASE)
             self.engaged = self.fraction < 1.0
             if not self.engaged:
                 self._opened_at = now
 
-    def _lasted(self, delay_s: float, now: float) -> bool:
+    def _lasted(self, now: float) -> bool:
         """Whether the wait, above the bound at `now`, has lasted long enough to close the door: the
-        sustain time, or `REARM_SUSTAIN_S` above `REARM_FACTOR` times the bound within `REARM_S` of the
-        door's last full opening."""
+        sustain time, or `REARM_SUSTAIN_S` within `REARM_S` of the door's last full opening."""
         self._above_since = now if self._above_since is None else self._above_since
-        if delay_s >= REARM_FACTOR * self.max_delay_s and now - self._opened_at < REARM_S:
-            self._far_above_since = now if self._far_above_since is None else self._far_above_since
-            if now - self._far_above_since >= min(REARM_SUSTAIN_S, self.sustain_s):
-                return True
-        else:
-            self._far_above_since = None
-        return now - self._above_since >= self.sustain_s
+        sustain = min(REARM_SUSTAIN_S, self.sustain_s) if now - self._opened_at < REARM_S else self.sustain_s
+        return now - self._above_since >= sustain
 
     def _count_arrivals(self) -> None:
         """Fold the arrivals since the last sample into each level's decayed count."""
