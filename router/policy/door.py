@@ -20,8 +20,8 @@ as TCP does for the same problem: find the rate a shared resource sustains witho
 cutting at most once per round trip). For a few seconds after it has opened fully, a delay that stays above
 the bound for a tenth of a second closes it again, not the whole sustain time: the load that closed it is
 most likely back and building a queue, and every call of that queue past the SLO is lost (waiting for
-twice the bound first, as the door did until 2026-12-04, lost about half of what the router serves at
-1.05-1.1x its capacity: bench/door_model.py and docs/performance.md). Refusals are spread evenly (a
+twice the bound first, as the door did until 2026-12-04, kept about half of the core's capacity within
+the SLO at 1.05-1.1x that capacity in bench/door_model.py, against 0.8 now: docs/performance.md). Refusals are spread evenly (a
 credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a retry hint. A refusal
 costs gRPC's per-call work and this check: about 1.3x a bare grpc.aio server's refusal, half of what the
 router spends serving a request and a quarter of what the router and the worker spend together
@@ -73,7 +73,8 @@ ago: the interval of CoDel's rule (a queue that has not drained within it is sta
 single late sample made a router near its capacity, where an occasional call waits past the bound and the
 next one does not, refuse 5-10 % of a load it could serve (docs/performance.md). Waiting instead for
 twice the bound (2026-12-03 to 12-04) let a load of 1.05-1.1x the router's capacity build a queue past
-the SLO before every close; at its limit the router refused no more without it (docs/performance.md,
+the SLO before every close; without it the router kept as much or more within the SLO at every load
+measured, though it closes a little more readily while the machine stalls (docs/performance.md,
 2026-12-04)."""
 RETRY_AFTER_S = 0.1
 """The retry hint of a refusal: about the time the fraction takes to recover by a tenth."""
