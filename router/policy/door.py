@@ -21,11 +21,11 @@ cutting at most once per round trip). For a few seconds after it has opened full
 the bound for a tenth of a second closes it again, not the whole sustain time: the load that closed it is
 most likely back and building a queue, and every call of that queue past the SLO is lost (waiting for
 twice the bound first, as the door did until 2026-12-04, kept about half of the core's capacity within
-the SLO at 1.05-1.1x that capacity in bench/door_model.py, against 0.8 now: docs/performance.md). Refusals are spread evenly (a
-credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE with a retry hint. A refusal
-costs gRPC's per-call work and this check: about 1.3x a bare grpc.aio server's refusal, half of what the
-router spends serving a request and a quarter of what the router and the worker spend together
-(docs/performance.md), which is what keeps some goodput past the router's own saturation.
+the SLO at 1.05-1.1x that capacity in bench/door_model.py, against 0.8 now: docs/performance.md).
+Refusals are spread evenly (a credit counter, not a coin: the admitted rate is smooth) and carry UNAVAILABLE
+with a retry hint. A refusal costs gRPC's per-call work and this check: about 1.3x a bare grpc.aio server's
+refusal, half of what the router spends serving a request and a quarter of what the router and the worker
+spend together (docs/performance.md), which is what keeps some goodput past the router's own saturation.
 
 Tenant-aware: the fraction is the share of all new requests the router can take; who gets it goes by the
 calling tenant's priority level (its `default_priority`; 1 is the highest), known from the API key in the
