@@ -59,9 +59,6 @@ class Outcome:
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     """(time, delay, the door's fraction after it) for every sample."""
 
-    def good_share(self) -> float:
-        return self.good / self.offered if self.offered else 0.0
-
 
 _ARRIVE, _DONE, _PROBE_SEND, _MARK = range(4)
 GOLD, BRONZE = 1, 3
