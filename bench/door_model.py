@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sluice_inference.router.policy.door import Door
-from sluice_inference.router.queue_probe import CALM_EVERY_S, PROBE_EVERY_S
+from sluice_inference.router.queue_probe import pause_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +174,7 @@ class _Model:
         if self.next_mark <= self.door.max_delay_s:
             self._observe(round_trip, when)
         self.probe_out_since = None
-        door = self.door
-        calm = not door.engaged and door.delay_s < door.max_delay_s / 2
-        self.push(when + (CALM_EVERY_S if calm else PROBE_EVERY_S), _PROBE_SEND)
+        self.push(when + pause_after(self.door), _PROBE_SEND)
 
     def _observe(self, delay: float, now: float) -> None:
         self.door.observe(delay, now)

@@ -57,6 +57,13 @@ PROBE_TIMEOUT_S = 10.0
 """A probe never waits longer; its age already tells the door everything past the bound."""
 
 
+def pause_after(door: Door) -> float:
+    """How long after a probe's sample the next probe may go (module docstring); bench/door_model.py
+    paces its modelled probe by the same rule."""
+    calm = not door.engaged and door.delay_s < door.max_delay_s / 2
+    return CALM_EVERY_S if calm else PROBE_EVERY_S
+
+
 class QueueProbe:
     """Measures the server's call-queue delay and feeds it to a Door."""
 
@@ -132,13 +139,7 @@ class QueueProbe:
                 if not counted:
                     now = clock.now()
                     self._report(now - started, now)
-                await clock.sleep(self._pause())
-
-    def _pause(self) -> float:
-        """How long until the next probe may go (module docstring)."""
-        door = self._door
-        calm = not door.engaged and door.delay_s < door.max_delay_s / 2
-        return CALM_EVERY_S if calm else PROBE_EVERY_S
+                await clock.sleep(pause_after(self._door))
 
     def _report(self, delay: float, now: float) -> None:
         self._door.observe(delay, now)
