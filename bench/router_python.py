@@ -37,10 +37,12 @@ import numpy as np
 from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.clock import MonotonicClock
 from sluice_inference.common.cluster_auth import ClusterClient
-from sluice_inference.common.config import ANONYMOUS_TENANT, ClusterSettings, SluiceConfig, TenantSettings
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.common.serving_settings import ANONYMOUS_TENANT, TenantSettings
+from sluice_inference.common.trust_settings import ClusterSettings
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.kserve_codec import read_head
 from sluice_inference.router.main import RouterServer

@@ -35,12 +35,13 @@ from sluice_inference.common.cluster_proof import (
     new_nonce,
     server_transcript,
 )
-from sluice_inference.common.config import ClusterSettings, ConfigError
+from sluice_inference.common.config import ConfigError
 from sluice_inference.common.errors import Unauthenticated
 from sluice_inference.common.etcd import ROUTERS, WORKERS
 from sluice_inference.common.grpc_errors import abort
 from sluice_inference.common.pb.sluice.v1 import worker_pb2, worker_pb2_grpc
 from sluice_inference.common.tls import channel_credentials, read_pem, server_credentials
+from sluice_inference.common.trust_settings import ClusterSettings
 
 CALLER_HEADER = "sluice-cluster-caller"
 NONCE_HEADER = "sluice-cluster-nonce-bin"

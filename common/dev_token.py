@@ -8,7 +8,8 @@ with it otherwise, as it refuses the base's placeholder (common/cluster_auth.py)
 
 from __future__ import annotations
 
-from sluice_inference.common.config import ClusterSettings, ConfigError
+from sluice_inference.common.config import ConfigError
+from sluice_inference.common.trust_settings import ClusterSettings
 
 DEV_CLUSTER_TOKEN = "sluice-dev-cluster-token-not-secret"
 """The value of SLUICE_CLUSTER__TOKEN in deploy/overlays/dev/cluster-token.env (a test keeps them equal)."""

@@ -33,9 +33,9 @@ from typing import Any, Final
 import aetcd
 import aetcd.exceptions
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd_client import EtcdClient
 from sluice_inference.common.tls import channel_credentials
+from sluice_inference.common.trust_settings import EtcdSettings
 
 logger = logging.getLogger(__name__)
 

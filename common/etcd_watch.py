@@ -28,7 +28,6 @@ import aetcd
 import aetcd.exceptions
 
 from sluice_inference.common.clock import Clock, cancel_until_done
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import (
     ETCD_ERRORS,
     WATCH_BACKOFF_S,
@@ -40,6 +39,7 @@ from sluice_inference.common.etcd import (
     raise_if_cancelling,
 )
 from sluice_inference.common.logs import LogThrottle
+from sluice_inference.common.trust_settings import EtcdSettings
 
 logger = logging.getLogger(__name__)
 

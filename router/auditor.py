@@ -23,9 +23,9 @@ import random
 from collections.abc import Sequence
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import CacheSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.records import ModelRecord
+from sluice_inference.common.serving_settings import CacheSettings, TenantSettings
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferResult, Tensor
 from sluice_inference.router.codec import DecodedRequest, Executor, requested_outputs

@@ -24,8 +24,8 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from sluice_inference.common.config import CacheSettings
 from sluice_inference.common.records import ModelRecord
+from sluice_inference.common.serving_settings import CacheSettings
 from sluice_inference.router.calls import CacheOutcome, InferResult
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.metrics import RouterMetrics

@@ -33,10 +33,10 @@ from typing import Protocol
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError
 from sluice_inference.common.logs import MAX_LOGGED_ID, REQUEST_ID, LogThrottle, loggable_id
 from sluice_inference.common.records import ModelRecord
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import CacheOutcome, InferCall, InferResult

@@ -26,10 +26,10 @@ from typing import NamedTuple
 from opentelemetry.trace import NoOpTracer, SpanContext, Tracer, get_current_span
 
 from sluice_inference.common.clock import Alarm, Clock, wait_until
-from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, SluiceError, Unavailable
 from sluice_inference.common.loop_metrics import CounterChild, HistogramChild
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.batch_spans import BatchSpans
 from sluice_inference.router.batch_wire import core_answer, wire_batch
 from sluice_inference.router.calls import Tensor

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import IdempotencySettings
 from sluice_inference.common.errors import SluiceError, Unavailable, error_for_code
+from sluice_inference.common.serving_settings import IdempotencySettings
 from sluice_inference.router.calls import InferCall, InferResult
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.metrics import RouterMetrics

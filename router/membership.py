@@ -23,11 +23,11 @@ import logging
 
 from sluice_inference.common.clock import Clock
 from sluice_inference.common.cluster_auth import ClusterClient
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import WORKERS
 from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix, stop_watch_tasks
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import WorkerRecord
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.worker_link import WorkerLink, WorkerLinks

@@ -29,9 +29,10 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import EtcdSettings, TenantSettings
 from sluice_inference.common.etcd import ROUTERS, TENANTS, LeasedKey
 from sluice_inference.common.etcd_watch import WatchHealth, decode_json_value, follow_prefix, stop_watch_tasks
+from sluice_inference.common.serving_settings import TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand

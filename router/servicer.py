@@ -23,12 +23,12 @@ from typing import Any, TypeAlias, cast
 import grpc
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.errors import Internal, SluiceError
 from sluice_inference.common.grpc_errors import abort
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.common.telemetry import extract_mapping
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.dataplane import DataPlane

@@ -18,10 +18,10 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from sluice_inference.common.clock import Clock
-from sluice_inference.common.config import AutoscaleSettings
 from sluice_inference.common.errors import Unavailable
 from sluice_inference.common.etcd_watch import WatchHealth
 from sluice_inference.common.pb.inference import grpc_service_pb2
+from sluice_inference.common.serving_settings import AutoscaleSettings
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.driver import Driver

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from sluice_inference.bench.sim.engine import UNLIMITED
-from sluice_inference.common.config import AdmissionSettings, RouterSettings
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings
 from sluice_inference.router.policy.batcher import TimerBatcher
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits

@@ -38,9 +38,9 @@ from sluice_inference.bench.sim.results import SimResult, WorkerStats
 from sluice_inference.bench.sim.scenario import Failure, SimScenario, worker_ids
 from sluice_inference.bench.sim.workers import Running, SimWorker
 from sluice_inference.common.buckets import row_cost
-from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.heap import young_collections_every
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluice_inference.common.config import AdmissionSettings, TenantSettings
+from sluice_inference.common.serving_settings import AdmissionSettings, TenantSettings
 from sluice_inference.router.policy.backlog import Backlog, drain_time
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.demand import Demand, DemandMeter, changed, publish_interval_s

@@ -38,12 +38,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 
-from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import (
     Cancelled,
     SluiceError,
     Unavailable,
 )
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.router.policy.admission import AdmissionController, queue_bounds
 from sluice_inference.router.policy.backlog import MIN_RETRY_S, Backlog
 from sluice_inference.router.policy.batcher import PRESSED, AdaptiveBatcher, Batcher, HostCost, TimerBatcher

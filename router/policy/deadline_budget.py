@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice_inference.common.config import AdmissionSettings, RouterSettings
 from sluice_inference.common.errors import DeadlineExceeded, InvalidArgument, SluiceError, Unavailable
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings
 
 BATCHES_AHEAD = 2
 """A queued request may ride in a full batch, and its worker may hold one more full batch ahead of it."""

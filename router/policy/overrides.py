@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
-from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.serving_settings import TenantSettings
 
 _GLOB_CHARS = frozenset("*?[")
 

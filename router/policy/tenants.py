@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from sluice_inference.common.config import ANONYMOUS_TENANT, TenantSettings
 from sluice_inference.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from sluice_inference.common.serving_settings import ANONYMOUS_TENANT, TenantSettings
 
 
 def hash_api_key(key: str) -> str:

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.heap import frozen_heap
+from sluice_inference.common.serving_settings import RouterSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.router.main import RouterServer
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import WorkerProcess

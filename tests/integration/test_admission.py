@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from sluice_inference.common.config import AdmissionSettings, EtcdSettings, TenantSettings
 from sluice_inference.common.etcd import TENANTS as TENANTS_FOLDER
 from sluice_inference.common.etcd import open_client
 from sluice_inference.common.grpc_errors import DETAILS_KEY, PUSHBACK_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import AdmissionSettings, TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn

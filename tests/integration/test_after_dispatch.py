@@ -14,9 +14,9 @@ import grpc
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.processes import eventually

@@ -18,9 +18,9 @@ import grpc
 import pytest
 import yaml
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.local_cluster import free_port
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.support.processes import etcd_env, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 from sluice_inference.bench.calibration import scale_for
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
-from sluice_inference.common.config import AutoscaleSettings
+from sluice_inference.common.serving_settings import AutoscaleSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.calibration import router_path_speed

@@ -18,10 +18,11 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from sluice_inference.common.cluster_auth import STATUS_METHOD, ClusterClient
-from sluice_inference.common.config import CacheSettings, RedisSettings, TenantSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.common.serving_settings import CacheSettings, TenantSettings
+from sluice_inference.common.trust_settings import RedisSettings
 from sluice_inference.router.calls import InferResult, Tensor
 from sluice_inference.router.codec import decode_call, plain_parameters
 from sluice_inference.router.kserve_codec import call_from_request

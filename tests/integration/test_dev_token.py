@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.dev_token import DEV_CLUSTER_TOKEN
 from sluice_inference.common.etcd import WORKERS, open_client
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.support.processes import etcd_env
 
 pytestmark = pytest.mark.integration

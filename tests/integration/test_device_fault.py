@@ -13,11 +13,13 @@ import grpc
 import pytest
 
 from sluice_inference.cli.commands import EXIT_NOT_SERVING, health
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.etcd import worker_key
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.serving_settings import WorkerSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.worker.main import WorkerProcess
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_etcd import read_key

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import (
     ROUTERS,
     WORKERS,
@@ -28,6 +27,7 @@ from sluice_inference.common.etcd import (
 )
 from sluice_inference.common.etcd_watch import watch_prefix_snapshots
 from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration

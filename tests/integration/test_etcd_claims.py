@@ -23,11 +23,13 @@ import pytest
 from sluice_inference.cli.admin_cmds import cache_purge, cache_stats
 from sluice_inference.cli.commands import drain
 from sluice_inference.common.cluster_auth import PROOF_HEADER
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.dev_certs import write_dev_certs
 from sluice_inference.common.etcd import open_client, router_key, worker_key
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.serving_settings import RouterSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_cache_idempotency import synthetic_request

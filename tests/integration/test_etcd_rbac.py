@@ -15,9 +15,9 @@ import aetcd
 import pytest
 from pydantic import SecretStr
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import open_client
 from sluice_inference.common.local_cluster import etcd_binary
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.dev_certs import write_dev_certs
 from sluice_inference.common.etcd import WORKERS, EtcdUnavailable, LeasedKey, open_client, worker_key
 from sluice_inference.common.etcd_watch import watch_prefix_snapshots
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.support.etcd_server import EtcdServer
 from tests.support.processes import eventually
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from sluice_inference.common.clock import MonotonicClock
-from sluice_inference.common.config import EtcdSettings, TenantSettings
 from sluice_inference.common.etcd import ROUTERS, TENANTS, open_client
 from sluice_inference.common.etcd_watch import MAX_VALUE_BYTES, WatchHealth, follow_prefix
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.peers import router_record
 from sluice_inference.router.policy.demand import Demand
 from sluice_inference.router.policy.tenants import hash_api_key

@@ -11,9 +11,10 @@ import json
 import grpc
 import pytest
 
-from sluice_inference.common.config import AdmissionSettings, EtcdSettings, TenantSettings
 from sluice_inference.common.etcd import ROUTERS, TENANTS, open_client
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.common.serving_settings import AdmissionSettings, TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter
 from tests.integration.test_etcd_values import status_of

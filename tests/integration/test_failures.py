@@ -12,10 +12,10 @@ import grpc
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.heartbeat import silence_bound_s
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.worker.backends.synthetic import POISON
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers

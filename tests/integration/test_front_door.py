@@ -18,9 +18,9 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from sluice_inference.common.config import RouterSettings, TenantSettings
 from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings, TenantSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.door import RETRY_AFTER_S
 from sluice_inference.router.policy.tenants import hash_api_key

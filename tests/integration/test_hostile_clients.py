@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.errors import MAX_MESSAGE_CHARS
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.worker.backends.synthetic import POISON
 from tests.integration.conftest import MakeRouter, Spawn

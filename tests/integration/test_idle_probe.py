@@ -9,8 +9,8 @@ import asyncio
 import grpc
 import pytest
 
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.queue_probe import CALM_EVERY_S, PROBE_EVERY_S
 from tests.integration.conftest import MakeRouter
 from tests.integration.test_hostile_clients import synthetic_request

@@ -24,9 +24,10 @@ import grpc
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import EtcdSettings, TenantSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn

@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, ResponseError
 
-from sluice_inference.common.config import RedisSettings
+from sluice_inference.common.trust_settings import RedisSettings
 from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.integration.test_cache_idempotency import TENANTS, infer, synthetic_request

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice_inference.common.config import RouterSettings, TenantSettings
 from sluice_inference.common.grpc_errors import REASON_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.common.serving_settings import RouterSettings, TenantSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn

@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import ROUTERS, open_client
 from sluice_inference.common.local_cluster import free_port
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.integration.conftest import Spawn
 from tests.integration.test_hostile_clients import synthetic_request
 from tests.support.processes import etcd_env, eventually, find_pids

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings, SluiceConfig
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.grpc_server import BindError
+from sluice_inference.common.serving_settings import RouterSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter
 

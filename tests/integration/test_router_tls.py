@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice_inference.common.config import RouterSettings, ServerTlsSettings, TenantSettings
 from sluice_inference.common.dev_certs import write_dev_certs
+from sluice_inference.common.serving_settings import RouterSettings, TenantSettings
+from sluice_inference.common.trust_settings import ServerTlsSettings
 from sluice_inference.router.policy.tenants import hash_api_key
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.processes import eventually

@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import WORKERS, open_client
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.etcd_server import EtcdServer

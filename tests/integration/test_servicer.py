@@ -12,11 +12,11 @@ import grpc
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.errors import Unavailable
 from sluice_inference.common.grpc_errors import PUSHBACK_KEY, REASON_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.calls import InferCall, InferResult
 from sluice_inference.router.dataplane import DataPlane
 from sluice_inference.router.edge import MalformedBodies, add_service

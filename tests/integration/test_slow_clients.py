@@ -21,9 +21,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from sluice_inference.common.config import EtcdSettings, RouterSettings, TenantSettings
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings, TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.router.policy.tenants import hash_api_key
 from sluice_inference.router.servicer import ANSWER_COPIES

@@ -16,9 +16,11 @@ import pytest
 
 from sluice_inference.cli.commands import EXIT_CONNECTION
 from sluice_inference.cli.parsing import EXIT_BAD_ARGS
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, SluiceConfig, WorkerSettings
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.grpc_server import BindError
 from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.serving_settings import WorkerSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.worker.main import WorkerProcess
 from tests.integration.conftest import Spawn
 

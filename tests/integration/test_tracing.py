@@ -15,16 +15,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sluice_inference.common.config import (
-    ClusterSettings,
-    EtcdSettings,
-    RouterSettings,
-    SluiceConfig,
-    WorkerSettings,
-)
+from sluice_inference.common.config import SluiceConfig
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
+from sluice_inference.common.serving_settings import RouterSettings, WorkerSettings
 from sluice_inference.common.telemetry import inject
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from sluice_inference.router.main import RouterServer
 from sluice_inference.worker.main import WorkerProcess
 from tests.support.processes import eventually

@@ -24,12 +24,13 @@ from pydantic import SecretStr
 
 from sluice_inference.common.cluster_auth import STATUS_METHOD, STREAM_METHOD, ClusterClient, challenge
 from sluice_inference.common.cluster_proof import derive_key, server_transcript
-from sluice_inference.common.config import ClusterSettings, EtcdSettings, RouterSettings
 from sluice_inference.common.dev_certs import write_dev_certs
 from sluice_inference.common.etcd import WORKERS, EtcdUnavailable, open_client, worker_key
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sluice_inference.common.records import WorkerRecord
+from sluice_inference.common.serving_settings import RouterSettings
+from sluice_inference.common.trust_settings import ClusterSettings, EtcdSettings
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.integration.test_cache_idempotency import synthetic_request
 from tests.support.processes import WorkerProcess, eventually

@@ -20,8 +20,8 @@ from sluice_inference.bench.calibration import scale_for
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
 from sluice_inference.common.cluster_auth import STATUS_METHOD, ClusterClient
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.pb.sluice.v1 import admin_pb2, admin_pb2_grpc
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn, accepting_workers
 from tests.support.calibration import router_path_speed

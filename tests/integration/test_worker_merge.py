@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice_inference.bench.calibration import scale_for
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
-from sluice_inference.common.config import RouterSettings
 from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.serving_settings import RouterSettings
 from sluice_inference.router.main import RouterServer
 from tests.integration.conftest import MakeRouter, Spawn
 from tests.support.calibration import router_path_speed

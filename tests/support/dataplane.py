@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import (
+from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.common.serving_settings import (
     ANONYMOUS_TENANT,
     CacheSettings,
     IdempotencySettings,
     RouterSettings,
     TenantSettings,
 )
-from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy, Tensor
 from sluice_inference.router.codec import DecodedRequest

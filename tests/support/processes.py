@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice_inference.common.config import EtcdSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> float:

@@ -12,8 +12,8 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.local_cluster import free_port
+from sluice_inference.common.trust_settings import EtcdSettings
 from tests.support.processes import etcd_env
 
 

@@ -7,8 +7,9 @@ import pytest
 from pydantic import SecretStr
 
 from sluice_inference.cli.main import _build_parser, _overrides
-from sluice_inference.common.config import ClusterSettings, ConfigError, load_config
+from sluice_inference.common.config import ConfigError, load_config
 from sluice_inference.common.dev_token import DEV_CLUSTER_TOKEN, refuse_dev_token
+from sluice_inference.common.trust_settings import ClusterSettings
 from tests.deploy.rendering import DEPLOY
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from sluice_inference.common import etcd_watch
 from sluice_inference.common.clock import MonotonicClock
-from sluice_inference.common.config import EtcdSettings
 from sluice_inference.common.etcd import LeasedKey
 from sluice_inference.common.etcd_watch import WatchHealth, follow_prefix
+from sluice_inference.common.trust_settings import EtcdSettings
 
 
 async def test_a_cancel_the_client_reports_as_its_own_error_still_ends_the_watch(

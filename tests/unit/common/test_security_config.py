@@ -1,4 +1,4 @@
-"""Security settings in common/config.py and common/cluster_auth.py: secrets from files, pairs that go
+"""Security settings in common/trust_settings.py and common/cluster_auth.py: secrets from files, pairs that go
 together, keys named in errors, secrets never in a repr, which tokens a worker's proofs accept."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from sluice_inference.common.cluster_proof import (
     derive_key,
     new_nonce,
 )
-from sluice_inference.common.config import ClusterSettings, ConfigError, SluiceConfig, load_config
+from sluice_inference.common.config import ConfigError, SluiceConfig, load_config
 from sluice_inference.common.tls import read_pem
+from sluice_inference.common.trust_settings import ClusterSettings
 
 TOKEN = "a-cluster-token-of-enough-length"
 

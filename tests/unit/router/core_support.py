@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.router.policy.batcher import Batcher, TimerBatcher
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest

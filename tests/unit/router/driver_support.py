@@ -12,11 +12,12 @@ from pydantic import SecretStr
 from sluice_inference.common.batch_tensors import pack_arrays
 from sluice_inference.common.clock import Clock, MonotonicClock
 from sluice_inference.common.cluster_auth import ClusterClient
-from sluice_inference.common.config import AdmissionSettings, ClusterSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import Code, SluiceError
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
+from sluice_inference.common.trust_settings import ClusterSettings
 from sluice_inference.router.codec import DecodedRequest, decode_call
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.kserve_codec import call_from_request

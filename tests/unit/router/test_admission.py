@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluice_inference.common.config import AdmissionSettings
 from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.serving_settings import AdmissionSettings
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import Decision

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import CacheSettings
 from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.common.serving_settings import CacheSettings
 from sluice_inference.router.auditor import CacheAuditor, calibration_request
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferCall, InferResult, InputTensor, ServedBy, Tensor

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluice_inference.common.config import ANONYMOUS_TENANT, TenantSettings
 from sluice_inference.common.errors import PermissionDenied, SluiceError, Unauthenticated
+from sluice_inference.common.serving_settings import ANONYMOUS_TENANT, TenantSettings
 from sluice_inference.router.auth import AccessPolicy, TenantKeys
 from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
 

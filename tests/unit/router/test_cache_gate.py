@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import AdmissionSettings, CacheSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import ResourceExhausted
+from sluice_inference.common.serving_settings import (
+    AdmissionSettings,
+    CacheSettings,
+    RouterSettings,
+    TenantSettings,
+)
 from sluice_inference.router.cache_gate import CacheGate, Lookup
 from sluice_inference.router.calls import CacheOutcome, InferResult, ServedBy, Tensor
 from sluice_inference.router.codec import DecodedRequest, decode_call

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from sluice_inference.common.config import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
 from sluice_inference.router.policy.batcher import (
     NO_HOST_COST,
     BatchContext,

@@ -10,8 +10,8 @@ from collections.abc import Awaitable
 import numpy as np
 import pytest
 
-from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, Internal, InvalidArgument, SluiceError, Unavailable
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.calls import CacheOutcome, InputTensor
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.policy.tenants import hash_api_key

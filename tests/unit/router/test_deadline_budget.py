@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sluice_inference.common.config import AdmissionSettings, RouterSettings
 from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings
 from sluice_inference.router.policy.deadline_budget import (
     BATCHES_AHEAD,
     BUDGET_TABLE,

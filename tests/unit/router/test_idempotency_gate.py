@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import IdempotencySettings
 from sluice_inference.common.errors import Code, NotFound, SluiceError, Unavailable
+from sluice_inference.common.serving_settings import IdempotencySettings
 from sluice_inference.router.calls import CacheOutcome, InferCall, InferResult, ServedBy, Tensor
 from sluice_inference.router.codec import decode_call
 from sluice_inference.router.idempotency_gate import Claimed, IdempotencyGate

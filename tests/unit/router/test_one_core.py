@@ -17,10 +17,10 @@ from sluice_inference.bench.sim.engine import Simulation, make_core
 from sluice_inference.bench.sim.plan import RunPlan, plan_run
 from sluice_inference.bench.sim.scenario import parse_sim_scenario
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
 from sluice_inference.common.records import ModelRecord, TensorSpec
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.calls import Tensor
 from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.driver import Driver

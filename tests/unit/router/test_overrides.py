@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.policy.overrides import RULES, bound_override
 from sluice_inference.router.policy.tenants import hash_api_key
 

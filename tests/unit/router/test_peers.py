@@ -9,8 +9,9 @@ import json
 import pytest
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import AdmissionSettings, EtcdSettings, RouterSettings, TenantSettings
 from sluice_inference.common.etcd_watch import MAX_VALUE_BYTES, decode_json_value
+from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.peers import PeerView, merge_overrides, router_record

@@ -11,7 +11,7 @@ from typing import Any, cast
 import grpc
 
 from sluice_inference.common.clock import FakeClock, MonotonicClock
-from sluice_inference.common.config import TenantSettings
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key

@@ -11,16 +11,16 @@ import pytest
 from grpc_health.v1._async import HealthServicer
 
 from sluice_inference.common.clock import FakeClock
-from sluice_inference.common.config import (
+from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.common.serving_settings import (
     AdmissionSettings,
     AutoscaleSettings,
     CacheSettings,
-    EtcdSettings,
     RouterSettings,
     TenantSettings,
 )
-from sluice_inference.common.errors import SluiceError
-from sluice_inference.common.records import ModelRecord, TensorSpec, WorkerRecord
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.calls import InferCall, InputTensor
 from sluice_inference.router.codec import decode_call

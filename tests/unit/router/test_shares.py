@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from sluice_inference.common.config import AdmissionSettings, TenantSettings
 from sluice_inference.common.errors import SluiceError
+from sluice_inference.common.serving_settings import AdmissionSettings, TenantSettings
 from sluice_inference.router.policy.admission import AdmissionController
 from sluice_inference.router.policy.backlog import Backlog
 from sluice_inference.router.policy.demand import Demand

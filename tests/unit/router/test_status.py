@@ -14,10 +14,11 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from sluice_inference.common.clock import Clock, FakeClock, MonotonicClock
-from sluice_inference.common.config import AutoscaleSettings, CacheSettings, EtcdSettings
 from sluice_inference.common.errors import Code
 from sluice_inference.common.etcd_watch import WatchHealth
 from sluice_inference.common.pb.sluice.v1 import worker_pb2
+from sluice_inference.common.serving_settings import AutoscaleSettings, CacheSettings
+from sluice_inference.common.trust_settings import EtcdSettings
 from sluice_inference.router.cache_gate import CacheGate
 from sluice_inference.router.cpu_pressure import CpuPressure
 from sluice_inference.router.driver import Driver

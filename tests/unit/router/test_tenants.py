@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluice_inference.common.config import TenantSettings
 from sluice_inference.common.errors import Code, SluiceError
+from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.policy.tenants import (
     MAX_REMEMBERED_MODELS,
     Tenant,
