@@ -24,7 +24,8 @@ import numpy as np
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
 from sluice_inference.bench.scratch import scratch_folder
-from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import free_port, start_cluster, stop_cluster
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.cache_store import ResultCacheStore
 from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis

@@ -37,7 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice_inference.bench.idle_cpu import cpu_seconds
 from sluice_inference.bench.scratch import scratch_folder
-from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import free_port, start_cluster, stop_cluster
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 from sluice_inference.common.pb.inference import grpc_service_pb2_grpc as kserve_grpc
 from sluice_inference.worker.demo_models import init_demo_repository

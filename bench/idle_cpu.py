@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from sluice_inference.bench.scratch import scratch_folder
-from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import free_port, start_cluster, stop_cluster
 from sluice_inference.worker.demo_models import init_demo_repository
 
 SETTLE_S = 5.0

@@ -52,8 +52,9 @@ import numpy as np
 from sluice_inference.bench.calibration import one_row_request, process_cpu_s
 from sluice_inference.bench.overload import BRONZE_KEY, GOLD_KEY
 from sluice_inference.bench.two_tenant_overload import DOOR_REFUSAL
+from sluice_inference.common.child_processes import Child
 from sluice_inference.common.event_loop import run_server
-from sluice_inference.common.local_cluster import Child, free_port
+from sluice_inference.common.local_cluster import free_port
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
 
 SERVICE = "inference.GRPCInferenceService"

@@ -44,7 +44,8 @@ from sluice_inference.bench.calibration import RouterSpeed, measure_router, one_
 from sluice_inference.bench.loadgen import run_scenario
 from sluice_inference.bench.loadgen_scenario import parse_scenario
 from sluice_inference.bench.scratch import scratch_folder
-from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import free_port, start_cluster, stop_cluster
 from sluice_inference.router.policy.tenants import hash_api_key
 from sluice_inference.router.status import EXPORT_EVERY_S, REFRESH_S
 

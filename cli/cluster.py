@@ -21,12 +21,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from sluice_inference.common.child_processes import Child, Supervisor
 from sluice_inference.common.config import ConfigError
 from sluice_inference.common.local_cluster import (
-    Child,
     ClusterEnv,
     Interrupted,
-    Supervisor,
     free_port,
     reachable_host,
     router_host,

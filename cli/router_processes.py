@@ -9,7 +9,7 @@ already follow where each tenant's demand lands (docs/admission.md); child i ser
 
 The parent only supervises: SIGTERM or SIGINT is passed to every child (each drains as a router does) and
 it waits for them; a child that exits on its own is started again, at most RESTART_LIMIT times in any
-RESTART_WINDOW_S (common/local_cluster.py); past that the parent stops the others and exits 1, so the
+RESTART_WINDOW_S (common/child_processes.py); past that the parent stops the others and exits 1, so the
 orchestrator restarts the pod.
 """
 
@@ -21,7 +21,7 @@ import threading
 import time
 from types import FrameType
 
-from sluice_inference.common.local_cluster import Child, RestartBudget
+from sluice_inference.common.child_processes import Child, RestartBudget
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 30.0

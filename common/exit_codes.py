@@ -1,7 +1,7 @@
 """Process exit statuses that one process sets and another acts on.
 
 The worker sets `EXIT_DEVICE_FAULT` (worker/faults.py says when); its supervisor — Kubernetes, or the local
-cluster launcher (common/local_cluster.py) — starts it again on that status and on no other.
+cluster launcher (common/child_processes.py) — starts it again on that status and on no other.
 """
 
 from __future__ import annotations

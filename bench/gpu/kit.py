@@ -39,7 +39,8 @@ from sluice_inference.bench.gpu import checks, plot
 from sluice_inference.bench.gpu.in_process import InProcessModel, bound_at, device_curve
 from sluice_inference.bench.gpu.through_sluice import Fleet, Load, NvmlSampler, measured_step, pin, tree_pids
 from sluice_inference.common.buckets import bucket_for
-from sluice_inference.common.local_cluster import Child, ClusterEnv, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import ClusterEnv, free_port, start_cluster, stop_cluster
 from sluice_inference.worker.demo_transformer import (
     BERT_BASE,
     TINY,

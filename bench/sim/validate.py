@@ -45,7 +45,8 @@ from sluice_inference.bench.scratch import scratch_folder
 from sluice_inference.bench.sim.engine import simulate
 from sluice_inference.bench.sim.plan import plan_run
 from sluice_inference.bench.sim.scenario import parse_sim_scenario
-from sluice_inference.common.local_cluster import Child, free_port, start_cluster, stop_cluster
+from sluice_inference.common.child_processes import Child
+from sluice_inference.common.local_cluster import free_port, start_cluster, stop_cluster
 
 MAX_WAIT_MS = 2.0
 

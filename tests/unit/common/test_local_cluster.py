@@ -1,4 +1,4 @@
-"""The local cluster's supervision (common/local_cluster.py, behind `sluice up`): a worker that exits after
+"""The local cluster's supervision (common/child_processes.py, behind `sluice up`): a worker that exits after
 a device fault is restarted, within a budget; any other exit is only reported; the cluster stops serving
 only when etcd or the router is gone."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sluice_inference.common.child_processes import Child, RestartBudget, Supervisor
 from sluice_inference.common.config import load_config
 from sluice_inference.common.exit_codes import EXIT_DEVICE_FAULT
-from sluice_inference.common.local_cluster import Child, RestartBudget, Supervisor, _redis_key_env, etcd_env
+from sluice_inference.common.local_cluster import _redis_key_env, etcd_env
 
 
 def exits_with(code: int) -> list[str]:
