@@ -21,7 +21,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
-from redis.asyncio import Redis
 
 from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
@@ -51,18 +50,12 @@ from sluice_inference.router.policy.budget import ByteBudget
 from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.door import Door
-from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.queue_probe import QueueProbe
 from sluice_inference.router.receive_gate import ReceiveGate
 from sluice_inference.router.servicer import InferenceServicer, RouterAdminServicer
 from sluice_inference.router.status import INFERENCE_SERVICE, StatusLoop
-from sluice_inference.router.stores.cache_store import ResultCacheStore
-from sluice_inference.router.stores.idempotency_store import (
-    IdempotencyStore,
-    InProcessIdempotencyStore,
-    RedisIdempotencyStore,
-)
-from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
+from sluice_inference.router.stores.from_config import cache_store, idempotency_store, redis_options
+from sluice_inference.router.stores.redis_conn import open_redis
 from sluice_inference.router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
@@ -132,12 +125,12 @@ class RouterServer:
             admin_keys=settings.admin_keys,
             require_api_key=config.admission.require_api_key,
         )
-        self.redis = open_redis(_redis_options(config)) if config.redis.url else None
+        self.redis = open_redis(redis_options(config)) if config.redis.url else None
         self.cache = CacheGate(
-            _cache_store(config, self.redis, self.clock, self.metrics), config.cache, self.metrics
+            cache_store(config, self.redis, self.clock, self.metrics), config.cache, self.metrics
         )
         self.idempotency = IdempotencyGate(
-            _idempotency_store(config, self.redis, self.clock, self.metrics),
+            idempotency_store(config, self.redis, self.clock, self.metrics),
             config.idempotency,
             self.clock,
             self.metrics,
@@ -386,62 +379,6 @@ class RouterServer:
     async def _close_redis(self) -> None:
         if self.redis is not None:
             await self.redis.aclose()
-
-
-def _redis_options(config: SluiceConfig) -> RedisOptions:
-    redis = config.redis
-    assert redis.url is not None
-    return RedisOptions(
-        url=redis.url,
-        username=redis.username,
-        password=redis.password_value(),
-        ca_file=redis.ca_file,
-        cert_file=redis.cert_file,
-        key_file=redis.key_file,
-        prefix=redis.prefix,
-        socket_timeout_s=redis.timeout_s,
-        connect_timeout_s=redis.timeout_s,
-        pool_timeout_s=redis.timeout_s,
-    )
-
-
-def _seal_keys(config: SluiceConfig) -> SealKeys | None:
-    """The cluster's Redis HMAC keys (None without `redis.hmac_key`: in-process stores only)."""
-    keys = config.redis.hmac_keys()
-    return SealKeys(keys) if keys else None
-
-
-def _cache_store(
-    config: SluiceConfig, redis: Redis | None, clock: Clock, metrics: RouterMetrics
-) -> ResultCacheStore:
-    cache = config.cache
-    return ResultCacheStore(
-        capacity_bytes=cache.memory_bytes,
-        ttl_s=cache.ttl_s,
-        redis=redis,
-        prefix=config.redis.prefix,
-        keys=_seal_keys(config),
-        clock=clock,
-        integrity_failed=metrics.store_integrity_failures.labels("cache").inc,
-    )
-
-
-def _idempotency_store(
-    config: SluiceConfig, redis: Redis | None, clock: Clock, metrics: RouterMetrics
-) -> IdempotencyStore:
-    keys = _seal_keys(config)
-    if redis is None or keys is None:
-        idempotency = config.idempotency
-        return InProcessIdempotencyStore(
-            max_records=idempotency.max_records, max_bytes=idempotency.max_bytes, clock=clock
-        )
-    return RedisIdempotencyStore(
-        redis,
-        keys=keys,
-        prefix=config.redis.prefix,
-        clock=clock,
-        integrity_failed=metrics.store_integrity_failures.labels("idempotency").inc,
-    )
 
 
 async def serve_router(config: SluiceConfig) -> None:
