@@ -11,12 +11,9 @@ from sluice_inference.common.config import SluiceConfig
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.cache_store import ResultCacheStore
-from sluice_inference.router.stores.idempotency_store import (
-    IdempotencyStore,
-    InProcessIdempotencyStore,
-    RedisIdempotencyStore,
-)
+from sluice_inference.router.stores.idempotency_store import IdempotencyStore, InProcessIdempotencyStore
 from sluice_inference.router.stores.redis_conn import RedisOptions
+from sluice_inference.router.stores.redis_idempotency import RedisIdempotencyStore
 
 
 def redis_options(config: SluiceConfig) -> RedisOptions:

@@ -38,8 +38,9 @@ from sluice_inference.router.policy.result_cache import CachedResult, encode_ent
 from sluice_inference.router.policy.sealing import SealKeys
 from sluice_inference.router.stores.cache_store import ResultCacheStore
 from sluice_inference.router.stores.coalescer import Coalescer
-from sluice_inference.router.stores.idempotency_store import RedisIdempotencyStore, acquire
+from sluice_inference.router.stores.idempotency_store import acquire
 from sluice_inference.router.stores.redis_conn import RedisOptions, open_redis
+from sluice_inference.router.stores.redis_idempotency import RedisIdempotencyStore
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
