@@ -2,13 +2,13 @@
 call queue and probe, so a change to the door's law can be weighed in seconds and without noise before it
 is measured on the real router (docs/admission.md, "The door's law, modelled").
 
-What is modelled: Poisson arrivals at `rate` into one first-in first-out queue of calls served by one core.
-A call the door admits costs `serve_ms` of that core and ends `after_ms` after its turn (the batch and the
-forward); a refused call costs `refuse_ms`; the probe's call costs `probe_ms`. The probe follows
-router/queue_probe.py: one call out at a time, a sample at each mark of its age (the bound, then each
-doubling) while it waits and its round trip when it came back before the first, a pause of `PROBE_EVERY_S`
-(or `CALM_EVERY_S` while calm), and no probe while the door is fully open until a call has come in. A call
-is good when it was admitted and ended within the SLO.
+What is modelled: Poisson arrivals at `rate` into one first-in first-out queue of calls served by one core. A
+call the door admits costs `serve_ms` of that core and ends `after_ms` after its turn (the batch and the
+forward; a pressed router holds batches, `--after-ms 20`); a refused call costs `refuse_ms`; the probe's call
+costs `probe_ms`. The probe follows router/queue_probe.py: one call out at a time, a sample at each mark of
+its age (the bound, then each doubling) while it waits and its round trip when it came back before the first,
+a pause of `PROBE_EVERY_S` (or `CALM_EVERY_S` while calm), and no probe while the door is fully open until a
+call has come in. A call is good when it was admitted and ended within the SLO.
 
 What is not: the router's per-call cost falling as batches grow under load, the loop interleaving the
 stages of several calls, the client giving up after its timeout. So the model's figures are a law's
@@ -208,8 +208,12 @@ def main() -> None:
     parser.add_argument("--gold-share", type=float, default=0.0, help="the highest level's share of calls")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=15.0)
+    parser.add_argument(
+        "--after-ms", type=float, default=Costs().after_s * 1000,
+        help="from an admitted call's turn to its answer (a pressed router holds batches: ~20)",
+    )  # fmt: skip
     args = parser.parse_args()
-    costs = Costs()
+    costs = Costs(after_s=args.after_ms / 1000)
     print(f"capacity {costs.capacity:,.0f} calls/s; kept within the SLO, of capacity (gold: of its own)")
     for factor in (float(text) for text in args.factors.split(",")):
         kept, gold = [], []

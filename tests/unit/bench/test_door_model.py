@@ -1,6 +1,6 @@
 """bench/door_model.py: the real Door behind a modelled queue ends every call once, serves a load under
 capacity whole, and past capacity refuses part of the load while still serving most of what the core
-can take; with two levels the highest keeps its calls."""
+can take; with two levels the highest keeps its calls, unless its calls take long after their turn."""
 
 from __future__ import annotations
 
@@ -40,3 +40,16 @@ def test_with_two_levels_the_highest_keeps_its_calls() -> None:
     outcome = run(1.3 * COSTS.capacity, door, COSTS, duration_s=5.0, gold_share=0.25)
     assert outcome.gold_good >= 0.9 * outcome.gold_offered
     assert outcome.good - outcome.gold_good < 0.9 * (outcome.offered - outcome.gold_offered)
+
+
+def test_a_longer_way_from_a_calls_turn_to_its_answer_costs_the_highest_level_its_calls() -> None:
+    """A pressed router holds batches, so an admitted call answers ~20 ms after its turn, not 5: the same
+    door then lets the highest level's calls go late past capacity, as the router did (docs/performance.md,
+    2026-12-04). The model must show that, or it cannot weigh a law for two levels."""
+    kept = {}
+    for after_s in (0.005, 0.020):
+        outcome = run(
+            1.5 * COSTS.capacity, Door(BOUND, 1.0), Costs(after_s=after_s), duration_s=5.0, gold_share=0.25
+        )
+        kept[after_s] = outcome.gold_good / outcome.gold_offered
+    assert kept[0.005] >= 0.9 and kept[0.020] < 0.85, kept
