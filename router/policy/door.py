@@ -38,7 +38,8 @@ whole and a cut never takes the fraction below its share: a queue still draining
 stall, is paid for by the lower levels, and the highest level is cut only once the wait says it alone is
 more than the router takes. Nor does a lower level's burst get the sustain time while a higher level calls:
 the door closes on the first late sample (in the two-tenant bench the half second of sustain built a
-queue that cost gold 3-4 % of its requests, late). So
+queue that cost gold 3-4 % of its requests, late), and a late sample is one past half the bound
+(`PROTECTED_BOUND`): a protected call still has its batch and forward to wait for after the door. So
 under router-bound overload a gold tenant keeps its requests while bronze absorbs the refusals, as long as
 gold alone fits in what the router can take; tenants of one level are refused alike.
 
@@ -86,6 +87,14 @@ samples (a few hundred ms), steady enough that one quiet sample does not hand a 
 PROTECT = 2.0
 """Under this many times the bound, a wait does not cut the highest calling level's share (module
 docstring)."""
+PROTECTED_BOUND = 0.5
+"""While a level is protected, the wait that cuts is this share of the bound, and the fraction regains
+under half of that: the protected level's calls also spend their budget after the door, on their batch's
+wait and forward, which a pressed router stretches (it holds a batch up to `pressure_hold_factor` times
+its `max_wait`). Cutting only at the whole bound let them wait long enough to end late: in
+bench/door_model.py with 20 ms from a call's turn to its answer, gold kept 0.68-0.72 of its calls at
+1.5x the router's capacity with the whole bound and 0.98-1.0 with half (docs/performance.md, 2026-12-04
+evening). A single level calling keeps the whole bound: nothing is protected then."""
 FORGOTTEN = 0.01
 """A level whose decayed arrivals fall below this counts as silent (its volume unknown again)."""
 
@@ -144,8 +153,10 @@ class Door:
         self._share_out(top)
 
     def _control(self, delay_s: float, now: float, top: int | None) -> None:
-        """The total fraction's AIMD law (module docstring)."""
-        if delay_s >= self.max_delay_s:  # a wait that reached the bound (a probe's first mark) is past it
+        """The total fraction's AIMD law (module docstring), on a bound of `PROTECTED_BOUND` of the
+        configured one while a level is protected."""
+        bound = self.max_delay_s if top is None else self.max_delay_s * PROTECTED_BOUND
+        if delay_s >= bound:  # a wait that reached the bound (a probe's first mark) is past it
             if not self.engaged:
                 if not self._lasted(now) and top is None:
                     return
@@ -156,7 +167,7 @@ class Door:
                 self._hold_until = now + min(delay_s, HOLD_MAX_S)
             return
         self._above_since = None
-        if self.engaged and delay_s < self.max_delay_s / 2:
+        if self.engaged and delay_s < bound / 2:
             self.fraction = min(1.0, self.fraction + INCREASE)
             self.engaged = self.fraction < 1.0
             if not self.engaged:

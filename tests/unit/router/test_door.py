@@ -15,6 +15,7 @@ from sluice_inference.router.policy.door import (
     HOLD_MAX_S,
     INCREASE,
     MIN_FRACTION,
+    PROTECTED_BOUND,
     REARM_S,
     REARM_SUSTAIN_S,
     Door,
@@ -23,7 +24,10 @@ from sluice_inference.router.policy.door import (
 BOUND, SUSTAIN = 0.020, 1.0
 GOLD, SILVER, BRONZE = 1, 2, 3
 HOLD = 0.015
-"""A delay between half the bound and the bound: the door's fraction neither shrinks nor grows."""
+"""A delay between half the bound and the bound: with one level calling the door's fraction neither
+shrinks nor grows."""
+HOLD_PROTECTED = PROTECTED_BOUND * HOLD
+"""The same between a quarter of the bound and half of it, where a level is protected."""
 
 
 def admitted(door: Door, requests: int, level: int = GOLD) -> int:
@@ -150,7 +154,7 @@ def test_a_door_with_no_bound_never_refuses() -> None:
 
 
 def offered(
-    door: Door, samples: int, per_sample: dict[int, int], delay: float = HOLD, start: float = 100.0
+    door: Door, samples: int, per_sample: dict[int, int], delay: float = HOLD_PROTECTED, start: float = 100.0
 ) -> dict[int, int]:
     """`samples` sample intervals of 50 ms, each with `per_sample[level]` arrivals per level (interleaved)
     and then one delay sample; admitted requests per level over the last half of them."""
@@ -209,7 +213,7 @@ def test_a_fully_open_door_admits_every_level_and_shares_follow_a_change_of_mix(
 
 def test_a_level_never_seen_gets_the_tenant_blind_fraction_until_its_volume_is_known() -> None:
     door = Door(BOUND, SUSTAIN, fraction=0.25, engaged=True)
-    offered(door, 20, {GOLD: 10})
+    offered(door, 20, {GOLD: 10}, delay=HOLD)
     assert door.admitted(BRONZE) == 1.0  # not seen: reported open, admitted at the door's fraction
     assert admitted(door, 40, BRONZE) == 10
 
@@ -234,3 +238,17 @@ def test_with_a_single_level_calling_nothing_is_protected() -> None:
     door = Door(BOUND, SUSTAIN, engaged=True)
     offered(door, 60, {GOLD: 100}, delay=1.5 * BOUND)
     assert door.fraction == MIN_FRACTION and door.admitted(GOLD) == MIN_FRACTION
+
+
+def test_while_a_level_is_protected_a_wait_past_half_the_bound_cuts_the_lower_levels() -> None:
+    """A protected call also waits for its batch and forward after the door: the wait that cuts is half
+    the bound then (docs/performance.md, 2026-12-04 evening); with one level the same wait holds."""
+    two = Door(BOUND, SUSTAIN, fraction=0.5, engaged=True)
+    offered(two, 40, {GOLD: 25, BRONZE: 75}, delay=HOLD)
+    assert two.fraction == pytest.approx(0.25, abs=0.01)
+    assert two.admitted(GOLD) == pytest.approx(1.0, abs=0.02) and two.admitted(BRONZE) == MIN_FRACTION
+    one = Door(BOUND, SUSTAIN, fraction=0.5, engaged=True)
+    offered(one, 40, {BRONZE: 100}, delay=HOLD)
+    assert one.fraction == 0.5
+    offered(two, 10, {GOLD: 25, BRONZE: 75}, delay=BOUND / 5, start=110.0)
+    assert two.fraction > 0.4  # under a quarter of the bound it regains
