@@ -68,8 +68,9 @@ class RouterSettings(Section):
     """The front door (router/policy/door.py): once calls have waited longer than this before the
     router's code runs for `door_sustain_s`, part of the new inference requests are refused UNAVAILABLE
     with a retry hint before they are parsed, lowest tenant `default_priority` first, so a router whose own
-    CPU is the limit keeps serving what it admits in time. Set it near the latency you promise (the peer
-    benchmark uses 20 ms for a 50 ms SLO); 0 turns it off."""
+    CPU is the limit keeps serving what it admits in time. While a higher priority level is protected,
+    half of this is the wait that cuts (its calls still wait for their batch after the door). Set it
+    below the latency you promise (the peer benchmark uses 30 ms for a 50 ms SLO); 0 turns it off."""
     door_sustain_s: float = Field(default=1.0, ge=0)
     """How long the wait must exceed `door_max_delay_ms` before the door first refuses anything: bursts
     that drain and closed-loop clients' standing queues are served."""
