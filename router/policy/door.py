@@ -156,7 +156,7 @@ class Door:
         """The total fraction's AIMD law (module docstring), on a bound of `PROTECTED_BOUND` of the
         configured one while a level is protected."""
         bound = self.max_delay_s if top is None else self.max_delay_s * PROTECTED_BOUND
-        if delay_s >= bound:  # a wait that reached the bound (a probe's first mark) is past it
+        if delay_s >= bound:  # a wait that reached it (the whole bound: a probe's first mark) is past it
             if not self.engaged:
                 if not self._lasted(now) and top is None:
                     return
