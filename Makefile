@@ -14,7 +14,7 @@ RUN_ARGS ?=
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install protos models run check test lint bench clean
+.PHONY: help install compile protos models run check test lint bench clean
 
 help: ## list the targets
 	@echo "Sluice make targets (each one installs what it needs first):"
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv/ with every extra (torch, onnxruntime, dev tools) plus etcd and Redis binaries (idempotent)
 
+compile: $(STAMP) ## compile the policy core and the simulator with mypyc into .build/ (used while the sources match; idempotent)
+	@echo "==> compiling the policy core with mypyc (pure Python runs wherever this build does not match the sources)"
+	@$(PY) -m sluice_inference.common.core_build
+
 protos: $(STAMP) ## regenerate the Python stubs in common/pb/ from protos/
 	@echo "==> generating gRPC/protobuf stubs from protos/ into common/pb/"
 	@$(PY) -m sluice_inference.common.protogen
@@ -42,7 +46,7 @@ $(MODELS)/.generated: $(STAMP)
 
 models: $(MODELS)/.generated ## generate the demo models (mlp, mlp_onnx, encoder, synthetic) into models/
 
-run: $(STAMP) $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers; RUN_ARGS="--config F ..." adds `sluice up` flags
+run: $(STAMP) compile $(MODELS)/.generated ## start a local cluster: etcd, a router on :8001 (metrics :8002), two workers; RUN_ARGS="--config F ..." adds `sluice up` flags
 	@$(VENV)/bin/sluice up --repository $(MODELS) $(RUN_ARGS)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
@@ -56,7 +60,7 @@ check: $(STAMP) lint ## the edit-test loop: lint, then the unit tests only (no s
 	@echo "==> pytest (unit)"
 	@$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
-test: $(STAMP) lint ## lint, then the unit, integration and e2e tests (starts its own etcd/workers on free ports)
+test: $(STAMP) lint compile ## lint, then the unit, integration and e2e tests (starts its own etcd/workers on free ports)
 	@echo "==> pytest (unit, integration, e2e)"
 	@$(VENV)/bin/pytest $(PYTEST_ARGS)
 
@@ -64,5 +68,5 @@ bench: $(STAMP) $(MODELS)/.generated ## measure the router hop, saturation throu
 	@mkdir -p bench/results
 	@$(PY) -m sluice_inference.bench.spine --repository $(MODELS) --json bench/results/spine.json
 
-clean: ## remove the virtualenv, generated models and caches
-	rm -rf $(VENV) $(MODELS) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+clean: ## remove the virtualenv, generated models, the compiled core and caches
+	rm -rf $(VENV) $(MODELS) .build .pytest_cache .mypy_cache .ruff_cache *.egg-info

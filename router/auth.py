@@ -31,12 +31,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sluice_inference.common.errors import PermissionDenied, Unauthenticated
 from sluice_inference.common.grpc_gate import is_open
 from sluice_inference.router.kserve_codec import api_key
-from sluice_inference.router.policy.tenants import Tenant, TenantDirectory, hash_api_key
+from sluice_inference.router.policy.tenants import Tenant, hash_api_key
 
 MAX_REMEMBERED_KEYS = 4096
 """Authenticated keys `TenantKeys` remembers; past it, it starts over (a cluster with more keys re-hashes
@@ -48,15 +48,29 @@ TENANT_METHODS = frozenset(
 )
 
 
+class KeyDirectory(Protocol):
+    """What authentication asks of the tenant directory in force (a `TenantDirectory`)."""
+
+    def authenticate(self, api_key: str | None) -> Tenant:
+        """The tenant of `api_key`, or Unauthenticated."""
+        ...
+
+    def get(self, name: str) -> Tenant | None:
+        """The tenant called `name`, if configured."""
+        ...
+
+    def names(self) -> list[str]:
+        """Every configured tenant's name."""
+        ...
+
+
 class TenantKeys:
     """API key → tenant against the directory in force, remembered per key (module docstring)."""
 
-    def __init__(
-        self, directory: Callable[[], TenantDirectory], *, max_keys: int = MAX_REMEMBERED_KEYS
-    ) -> None:
+    def __init__(self, directory: Callable[[], KeyDirectory], *, max_keys: int = MAX_REMEMBERED_KEYS) -> None:
         self.directory = directory
         """The directory in force now (swapped wholesale on reload)."""
-        self._of: TenantDirectory | None = None
+        self._of: KeyDirectory | None = None
         """The directory the remembered keys authenticated against."""
         self._tenants: dict[bytes | None, Tenant] = {}
         """Tenants by the SHA-256 digest of their key (None: no key presented)."""
@@ -111,7 +125,7 @@ class AccessPolicy:
             return
         self._check_admin(key)
 
-    def keyless(self, directory: TenantDirectory) -> bool:
+    def keyless(self, directory: KeyDirectory) -> bool:
         """Key-less local mode: no key anywhere and none required."""
         if self._admin_keys or self._require_key:
             return False

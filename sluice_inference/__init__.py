@@ -11,3 +11,9 @@ file under its old top-level name too would give two copies of one module, so
 tests/unit/test_package_names.py fails on any such import. Type-check `sluice_inference tests`, not the
 folders themselves, for the same reason.
 """
+
+from sluice_inference.common import compiled_core
+
+# Before any module of the policy core is imported: a build of exactly these sources, if one exists, serves
+# them compiled (common/compiled_core.py says when, and why it is safe).
+compiled_core.install()

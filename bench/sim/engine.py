@@ -41,7 +41,7 @@ from sluice_inference.common.buckets import row_cost
 from sluice_inference.common.errors import SluiceError
 from sluice_inference.common.heap import young_collections_every
 from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings, TenantSettings
-from sluice_inference.router.policy.core import RouterCore
+from sluice_inference.router.policy.core import DecisionObserver, RouterCore
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand
 from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Served
@@ -81,9 +81,9 @@ class _ClassConstants(NamedTuple):
     placement: list[int] | None
 
 
-def make_core(router: int, plan: RunPlan) -> RouterCore:
+def make_core(router: int, plan: RunPlan, *, observer: DecisionObserver | None = None) -> RouterCore:
     """The core one simulated router runs: the plan's policy; tenants unlimited unless the scenario gives
-    them a quota."""
+    them a quota (`observer`: told every decision, for a test's log)."""
     policy = plan.policy
     settings = RouterSettings(batcher=policy.batcher, scheduler=policy.scheduler)
     admission = AdmissionSettings(
@@ -91,7 +91,9 @@ def make_core(router: int, plan: RunPlan) -> RouterCore:
     )
     tenants = {c.tenant: _tenant(plan.scenario, c.tenant) for c in plan.scenario.classes}
     rng = random.Random(plan.scenario.seed * 7919 + router)
-    return RouterCore(0.0, settings=settings, admission=admission, tenants=tenants, rng=rng)
+    return RouterCore(
+        0.0, settings=settings, admission=admission, tenants=tenants, rng=rng, observer=observer
+    )
 
 
 def _tenant(scenario: SimScenario, name: str) -> TenantSettings:

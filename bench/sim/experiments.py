@@ -15,6 +15,7 @@ from sluice_inference.bench.sim.engine import simulate
 from sluice_inference.bench.sim.plan import plan_run, variants_of
 from sluice_inference.bench.sim.results import COLUMNS, format_table, table_row
 from sluice_inference.bench.sim.scenario import SimScenario, Variant
+from sluice_inference.common import compiled_core
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -77,7 +78,7 @@ def class_table(summary: dict[str, Any], *, markdown: bool = False) -> str:
 def speed_line(summaries: Sequence[dict[str, Any]]) -> str:
     """How fast the simulator went over these runs, start-up (building and registering the fleet)
     excluded: per wall-clock second, and per CPU-second of this process (a loaded machine lowers the
-    first, not the second)."""
+    first, not the second), and whether the policy core ran compiled (common/compiled_core.py)."""
     arrivals = sum(s["arrivals"] for s in summaries)
     wall = sum(s["sim"]["wall_s"] for s in summaries)
     cpu = sum(s["sim"]["cpu_s"] for s in summaries)
@@ -85,5 +86,5 @@ def speed_line(summaries: Sequence[dict[str, Any]]) -> str:
     return (
         f"simulated {arrivals:,} requests ({events:,} events) in {wall:.2f} s wall, start-up excluded: "
         f"{arrivals / max(wall, 1e-9):,.0f} requests per wall-clock second "
-        f"({arrivals / max(cpu, 1e-9):,.0f} per CPU-second)"
+        f"({arrivals / max(cpu, 1e-9):,.0f} per CPU-second); policy core: {compiled_core.status()}"
     )

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import lru_cache
 
@@ -94,6 +94,10 @@ def with_message_cap(limits: LaneLimits, max_batch_bytes: int) -> LaneLimits:
     return replace(limits, max_batch_bytes=max_batch_bytes)
 
 
+DecisionObserver = Callable[[str, Decision], None]
+"""Told each decision an event of the core returns, with the event's name (`RouterCore.observer`)."""
+
+
 class RouterCore:
     """The policy of one router: queues, in-flight batches, workers, estimates, breaker, admission."""
 
@@ -109,8 +113,12 @@ class RouterCore:
         chooser: Chooser | None = None,
         rng: random.Random | None = None,
         shapes: ShapeTable | None = None,
+        observer: DecisionObserver | None = None,
     ) -> None:
         self.settings = settings
+        self.observer = observer
+        """Told every decision an event returns, with the event's name: a decision log for debugging, and
+        how tests hold two shells to one log (the core is compiled, so they cannot subclass it)."""
         batcher = batcher or (AdaptiveBatcher() if settings.batcher == "adaptive" else TimerBatcher())
         self.planner = Planner(batcher, chooser or make_chooser(settings.scheduler, rng))
         self.estimates = ServiceEstimates()
@@ -209,7 +217,7 @@ class RouterCore:
                 elif not full:  # every serving worker full: the drain would stop at once (dispatching.py)
                     self.dispatcher.drain(decision, lane, now)
                 decision.wake(lane.earliest_latest_start())
-        return decision
+        return self._told("arrive", decision)
 
     def _backlog(self, lane: Lane | None, serving: int, full: bool, priority: int) -> Backlog:
         """What the lane (None: none queued yet) holds ahead of a newcomer of `priority`, for admission
@@ -257,7 +265,7 @@ class RouterCore:
                     decision.drop(dispatch.worker_id, request_id)
         if request is not None and not request.ended:
             self.endings.end(decision, request, Cancelled("the client went away", reason="cancelled"))
-        return self._then_tick(decision, now)
+        return self._told("cancel", self._then_tick(decision, now))
 
     # -- workers ----------------------------------------------------------------------------------------
     def worker_registered(
@@ -292,7 +300,7 @@ class RouterCore:
         requests' deadlines allow, else they end UNAVAILABLE."""
         decision = Decision()
         self._gone(decision, worker_id, why, now)
-        return self._then_tick(decision, now)
+        return self._told("worker_left", self._then_tick(decision, now))
 
     def _gone(self, decision: Decision, worker_id: str, why: str, now: float) -> None:
         slot = self.workers.get(worker_id)
@@ -309,14 +317,15 @@ class RouterCore:
         if dispatch is not None:
             self.dispatcher.settle(dispatch, now)
             self.endings.lost(decision, dispatch, why, now)
-        return self._then_tick(decision, now)
+        return self._told("send_failed", self._then_tick(decision, now))
 
     def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
         """A worker answered a batch: learn from its timing, judge the worker, end each request."""
         decision = Decision()
         dispatch = self.ledger.get(answer.batch_id)
         if dispatch is None:
-            return self._then_tick(decision, now)  # answered after it was lost or failed: nothing is owed
+            # answered after it was lost or failed: nothing is owed
+            return self._told("answered", self._then_tick(decision, now))
         slot = self.dispatcher.settle(dispatch, now)
         learned = self.fleet.answered(worker_id, slot, dispatch, answer, now)
         if learned is not None:
@@ -324,10 +333,13 @@ class RouterCore:
         self.endings.answered(
             decision, dispatch, answer.items, now, stats=self.queues.stats_of(dispatch.lane)
         )
-        return self._then_tick(decision, now)
+        return self._told("answered", self._then_tick(decision, now))
 
     def fail_batch(self, now: float, batch_id: int, error: SluiceError) -> Decision:
         """End a batch's requests with `error` (the shell could not handle its answer): nothing else."""
+        return self._told("fail_batch", self._fail(batch_id, error, now))
+
+    def _fail(self, batch_id: int, error: SluiceError, now: float) -> Decision:
         decision = Decision()
         dispatch = self.ledger.get(batch_id)
         if dispatch is not None:
@@ -345,8 +357,8 @@ class RouterCore:
                 lane.remove(request.request_id)
                 self.endings.end(decision, request, error)
         for batch_id in self.ledger:
-            decision.settled.extend(self.fail_batch(now, batch_id, error).settled)
-        return decision
+            decision.settled.extend(self._fail(batch_id, error, now).settled)
+        return self._told("abandon", decision)
 
     # -- tenants, peers and the host --------------------------------------------------------------------
     def set_tenants(self, now: float, tenants: dict[str, TenantSettings]) -> None:
@@ -392,7 +404,12 @@ class RouterCore:
     def tick(self, now: float) -> Decision:
         """Shed late queued requests, end overdue dispatched ones, find hung workers, reopen breakers, cut
         every batch that should leave now; say when to tick again."""
-        return self._then_tick(Decision(), now)
+        return self._told("tick", self._then_tick(Decision(), now))
+
+    def _told(self, event: str, decision: Decision) -> Decision:
+        if self.observer is not None:
+            self.observer(event, decision)
+        return decision
 
     def _then_tick(self, decision: Decision, now: float) -> Decision:
         """`decision` followed by a tick (an event can free a place or end a batch's wait), which adds to

@@ -27,11 +27,16 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
-from typing import NamedTuple
+from functools import lru_cache
+from typing import NamedTuple, TypeAlias
 
 from sluice_inference.common.batching import BatchFill, BatchLimits
 from sluice_inference.common.records import ModelRecord
+
+ShellData: TypeAlias = object
+"""What the shell attaches to a request or an answer (a call's payload, its output tensors): carried, never
+looked at by the core. Named, not written `object`, because mypyc's dataclasses look an annotation's class up
+among the module's globals, where a bare builtin is not (common/compiled_core.py)."""
 
 
 class LaneKey(NamedTuple):
@@ -63,6 +68,8 @@ class LaneLimits:
     max_batch_bytes: int | None = None
     """Cap on a batch's summed request `wire_bytes`, so a batch and its result fit one message to and from
     the worker (the cluster's message limit)."""
+    batch: BatchLimits = field(init=False, repr=False, compare=False)
+    """These limits as the batching rule takes them (common/batching.py), asked per batch: built once."""
 
     @classmethod
     def of(cls, record: ModelRecord) -> LaneLimits:
@@ -71,11 +78,12 @@ class LaneLimits:
         per request: records with the same limits share one object, so a changed record gets new ones."""
         return _shared_limits(record.max_batch_size, record.max_wait_s, record.max_batch_cost)
 
-    @cached_property
-    def batch(self) -> BatchLimits:
-        """These limits as the batching rule takes them (common/batching.py); built once (asked per
-        batch), which a frozen object allows."""
-        return BatchLimits(self.max_batch_size, self.max_batch_cost, self.max_batch_bytes)
+    def __post_init__(self) -> None:
+        # Set once here, as a frozen object allows; not a cached_property, which mypyc compiles to a plain
+        # property built again at every read.
+        object.__setattr__(
+            self, "batch", BatchLimits(self.max_batch_size, self.max_batch_cost, self.max_batch_bytes)
+        )
 
 
 @lru_cache(maxsize=MAX_REMEMBERED_LIMITS)
@@ -93,7 +101,7 @@ class QueuedRequest:
     rows: int
     arrival: float
     deadline: float
-    payload: object = field(default=None, repr=False)
+    payload: ShellData = field(default=None, repr=False)
     limits: LaneLimits | None = None
     """Its lane's batching limits, as its model version was registered when it came in: they ride with
     the request, so the core learns them at `arrive` with no question back to the shell (None only for a

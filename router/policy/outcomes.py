@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sluice_inference.common.errors import SluiceError
-from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest
+from sluice_inference.router.policy.lanes import LaneKey, QueuedRequest, ShellData
 
 
 @dataclass(slots=True)
@@ -27,7 +27,7 @@ class ItemAnswer:
     """The worker blames itself (a device fault, a model that fails its canary): counts against it."""
     reason: str = ""
     """Machine-readable cause from the worker, e.g. `worker_busy` (place the batch elsewhere)."""
-    outputs: object = None
+    outputs: ShellData = None
     """The shell's tensors, never inspected by the core."""
 
 
@@ -71,7 +71,7 @@ class Served:
     batch_rows: int
     queue_s: float
     """From arrival until its batch was sent."""
-    outputs: object
+    outputs: ShellData
 
 
 @dataclass(slots=True)

@@ -123,10 +123,50 @@ class IndexedSet:
         return self._items[0]
 
     def sample(self, count: int, rng: random.Random) -> list[WorkerSlot]:
-        """`count` distinct members drawn uniformly (all of them when there are fewer)."""
-        if len(self._items) <= count:
-            return list(self._items)
-        return rng.sample(self._items, count)
+        """`count` distinct members drawn uniformly (all of them when there are fewer).
+
+        The very draws `rng.sample(items, count)` makes, by CPython's own algorithm for a small `count`
+        (a pool for a small population, else redraws against the picks so far), so every decision stays
+        as it was: written here because `random.sample` is interpreted Python, called once per batching
+        decision, and was the compiled core's largest call back into the interpreter."""
+        items = self._items
+        size = len(items)
+        if size <= count:
+            return list(items)
+        if count > _SMALL_SAMPLE:  # CPython sizes its set differently past five: leave those to it
+            return rng.sample(items, count)
+        if size <= _POOL_BELOW:
+            pool = list(items)
+            picked = []
+            for i in range(count):
+                j = _below(rng, size - i)
+                picked.append(pool[j])
+                pool[j] = pool[size - i - 1]
+            return picked
+        chosen: set[int] = set()
+        picked = []
+        for _ in range(count):
+            j = _below(rng, size)
+            while j in chosen:
+                j = _below(rng, size)
+            chosen.add(j)
+            picked.append(items[j])
+        return picked
+
+
+_SMALL_SAMPLE = 5
+_POOL_BELOW = 21
+"""CPython's `random.sample` for at most `_SMALL_SAMPLE` picks: a population of at most `_POOL_BELOW` is
+drawn from a copied pool, a larger one by redrawing repeats."""
+
+
+def _below(rng: random.Random, n: int) -> int:
+    """A uniform integer in [0, n), exactly as `random.Random._randbelow` draws it from `getrandbits`."""
+    bits = n.bit_length()
+    r = rng.getrandbits(bits)
+    while r >= n:
+        r = rng.getrandbits(bits)
+    return r
 
 
 _NONE = IndexedSet()

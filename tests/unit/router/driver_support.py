@@ -22,7 +22,7 @@ from sluice_inference.router.codec import DecodedRequest, decode_call
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.kserve_codec import call_from_request
 from sluice_inference.router.metrics import RouterMetrics
-from sluice_inference.router.policy.batcher import TimerBatcher
+from sluice_inference.router.policy.batcher import Batcher, TimerBatcher
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLink, WorkerLinks
@@ -112,7 +112,7 @@ def make_driver(
     links: WorkerLinks,
     *,
     worker_hang_s: float = 5.0,
-    batcher: TimerBatcher | None = None,
+    batcher: Batcher | None = None,
     clock: Clock | None = None,
 ) -> Driver:
     clock = clock or MonotonicClock()

@@ -13,7 +13,7 @@ import pytest
 
 from sluice_inference.common.clock import FakeClock, MonotonicClock
 from sluice_inference.common.errors import Code
-from sluice_inference.router.policy.batcher import BatchContext, Cut, TimerBatcher, WakeAt
+from sluice_inference.router.policy.batcher import BatchContext, Cut, WakeAt
 from sluice_inference.router.policy.lanes import Lane
 from sluice_inference.router.worker_link import WorkerLinks
 from tests.support.garbage import cyclic_garbage
@@ -154,7 +154,7 @@ async def test_the_loop_sleeps_until_the_time_the_core_asked_for(links: WorkerLi
         await driver.stop()
 
 
-class _HoldingBatcher(TimerBatcher):
+class _HoldingBatcher:
     """Holds every batch until `at`, counting how often it is asked."""
 
     def __init__(self, at: float) -> None:

@@ -26,7 +26,6 @@ from sluice_inference.router.codec import DecodedRequest
 from sluice_inference.router.driver import Driver
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.core import RouterCore
-from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, ItemAnswer, Served
 from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.worker_link import WorkerLinks
@@ -64,26 +63,15 @@ SCRIPT: list[tuple[float, str, Any]] = [
 ]
 
 
-class RecordingCore(RouterCore):
-    """The real core, logging every decision (normalised) as it returns it."""
+class DecisionLog:
+    """Every decision a core returns (normalised), through its observer: the core is compiled, so the
+    test cannot subclass it."""
 
-    log: list[tuple[str, tuple[Any, ...]]]
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, tuple[Any, ...]]] = []
 
-    def _record(self, event: str, decision: Decision) -> Decision:
-        self.log.append((event, normalised(decision)))
-        return decision
-
-    def arrive(self, now: float, request: QueuedRequest) -> Decision:
-        return self._record("arrive", super().arrive(now, request))
-
-    def answered(self, now: float, worker_id: str, answer: BatchAnswer) -> Decision:
-        return self._record("answered", super().answered(now, worker_id, answer))
-
-    def worker_left(self, now: float, worker_id: str, why: str) -> Decision:
-        return self._record("worker_left", super().worker_left(now, worker_id, why))
-
-    def tick(self, now: float) -> Decision:
-        return self._record("tick", super().tick(now))
+    def __call__(self, event: str, decision: Decision) -> None:
+        self.entries.append((event, normalised(decision)))
 
 
 def normalised(decision: Decision) -> tuple[Any, ...]:
@@ -103,11 +91,12 @@ def normalised(decision: Decision) -> tuple[Any, ...]:
 
 
 def recording_core(router: int, plan: RunPlan) -> RouterCore:
-    made = make_core(router, plan)
-    core = RecordingCore.__new__(RecordingCore)
-    core.__dict__.update(made.__dict__)
-    core.log = []
-    return core
+    return make_core(router, plan, observer=DecisionLog())
+
+
+def log_of(core: RouterCore) -> DecisionLog:
+    assert isinstance(core.observer, DecisionLog)
+    return core.observer
 
 
 def answer_for(core: RouterCore, batch_id: int, execute_s: float) -> tuple[str, BatchAnswer]:
@@ -119,8 +108,7 @@ def answer_for(core: RouterCore, batch_id: int, execute_s: float) -> tuple[str, 
 def simulate_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
     sim = Simulation(plan, core_factory=recording_core)
     [core] = sim.cores
-    assert isinstance(core, RecordingCore)
-    core.log.clear()
+    log_of(core).entries.clear()
     arrivals = 0
     for now, event, argument in SCRIPT:
         if event == "arrive":
@@ -133,13 +121,12 @@ def simulate_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
             sim.answered(0, worker_id, answer, now)
         else:
             sim.worker_left(argument, "lost", now)
-    return core.log
+    return log_of(core).entries
 
 
 async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
     clock = FakeClock(0.0)
     core = recording_core(0, plan)
-    assert isinstance(core, RecordingCore)
     links = WorkerLinks()
     driver = Driver(clock, core, links, RouterMetrics())
     model = plan.scenario.model
@@ -148,7 +135,7 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
         links.add(FakeLink(worker_id))
         driver.worker_registered(worker_id, {(model.name, model.version): warmup}, 2, True, "cuda")
         driver.worker_connected(worker_id, True)
-    core.log.clear()
+    log_of(core).entries.clear()
     calls = []
     for now, event, argument in SCRIPT:
         clock.jump_to(now)
@@ -173,7 +160,7 @@ async def drive_script(plan: RunPlan) -> list[tuple[str, tuple[Any, ...]]]:
             driver.on_message(worker_id, worker_pb2.WorkerMessage(results=[result]))
         else:
             driver.worker_left(argument, "lost")
-    log = list(core.log)
+    log = list(log_of(core).entries)
     for call in calls:
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)

@@ -31,7 +31,6 @@ from sluice_inference.router.policy.batcher import (
     SATURATED,
     BatchContext,
     Cut,
-    TimerBatcher,
     WakeAt,
 )
 from sluice_inference.router.policy.budget import ByteBudget
@@ -54,7 +53,7 @@ class _Fatal(BaseException):
     """Escapes every `except Exception`: what kills a task outright."""
 
 
-class _DeadlyBatcher(TimerBatcher):
+class _DeadlyBatcher:
     """Asks to be woken at `at`, and then kills whatever called it (only the loop ticks then)."""
 
     def __init__(self, at: float) -> None:
