@@ -118,11 +118,11 @@ def source_closure(sources: Iterable[Path]) -> list[Path]:
     return sorted(seen)
 
 
-def source_key(files: Sequence[Path]) -> str:
-    """One digest of the files' names and contents, and of the interpreter the build is for."""
+def source_key(files: Sequence[Path], root: Path = ROOT) -> str:
+    """One digest of the files' names (from `root`) and contents, and of the interpreter the build is for."""
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
     for path in files:
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
 

@@ -24,6 +24,7 @@ from sluice_inference.bench.sim.engine import simulate
 from sluice_inference.bench.sim.plan import RunPlan, plan_run, variants_of
 from sluice_inference.bench.sim.results import SimResult
 from sluice_inference.bench.sim.scenario import load_sim_scenario
+from sluice_inference.common import compiled_core
 
 VARIANT_SECONDS = 0.05
 """Virtual seconds of arrivals each variant runs (the scenario as written runs its full duration)."""
@@ -71,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             differ.append(name)
     if args.out:
         args.out.write_text(json.dumps(found, indent=1) + "\n")
+    missing = [] if expected is None else sorted(set(expected) - set(found))
     if expected is not None:
-        missing = sorted(set(expected) - set(found))
         print(f"{len(found) - len(differ)} of {len(found)} runs identical; differ: {differ or 'none'}; "
               f"not run: {missing or 'none'}")  # fmt: skip
-        return 1 if differ or missing else 0
-    return 0
+    print(f"policy core: {compiled_core.status()}")  # which one decided: compiled or pure Python
+    return 1 if differ or missing else 0
 
 
 if __name__ == "__main__":
