@@ -63,6 +63,31 @@ class RequestRecord:
         """Answered OK within its deadline."""
         return self.ok and self.latency_s <= self.deadline_s
 
+    def __init__(  # noqa: PLR0917 (positional, as the dataclass's own `__init__` takes them)
+        self,
+        cls: int,
+        scheduled_s: float,
+        lag_s: float,
+        latency_s: float,
+        code: str,
+        deadline_s: float,
+        reason: str = "",
+        hint: bool = False,
+        detail: str = "",
+        cache: str = "",
+    ) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.cls = cls
+        self.scheduled_s = scheduled_s
+        self.lag_s = lag_s
+        self.latency_s = latency_s
+        self.code = code
+        self.deadline_s = deadline_s
+        self.reason = reason
+        self.hint = hint
+        self.detail = detail
+        self.cache = cache
+
 
 @dataclass(frozen=True)
 class ClassLabel:

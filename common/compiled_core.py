@@ -17,6 +17,10 @@ Rules:
   loaded, never what it decides, and is read once, when `sluice_inference` is first imported (the
   differential test runs one scenario both ways in child processes).
 - `status()` says which one runs and why, for logs and `sluice sim`.
+
+What compiling asks of the compiled modules' code: their classes take no interpreted subclasses (tests wrap
+them instead); a class built per request writes its `__init__` out, because mypyc leaves the one a dataclass
+generates interpreted; and the sources must say what they mean in types, since mypyc checks them at run time.
 """
 
 from __future__ import annotations

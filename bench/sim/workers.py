@@ -65,6 +65,16 @@ class Running:
     skipped: dict[int, int]
     """item id → status code of items that did not run."""
 
+    def __init__(
+        self, batches: list[Held], started: float, ends: float, rows: int, skipped: dict[int, int]
+    ) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.batches = batches
+        self.started = started
+        self.ends = ends
+        self.rows = rows
+        self.skipped = skipped
+
 
 @dataclass
 class SimWorker:

@@ -37,6 +37,16 @@ class Backlog:
         """`drain_seconds` for this lane."""
         return drain_seconds(self.estimates, key, rows, self.batch, self.workers)
 
+    def __init__(
+        self, estimates: ServiceEstimates, rows_ahead: int, workers_full: bool, batch: int, workers: int
+    ) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.estimates = estimates
+        self.rows_ahead = rows_ahead
+        self.workers_full = workers_full
+        self.batch = batch
+        self.workers = workers
+
 
 def drain_seconds(estimates: ServiceEstimates, key: LaneKey, rows: int, batch: int, workers: int) -> float:
     """Estimated time for `workers` serving `key` to work through `rows` in batches of `batch` rows."""

@@ -120,12 +120,35 @@ class BatchContext:
     host: HostCost = NO_HOST_COST
     """The router's own CPU per batch and per row, and whether it is the constraint."""
 
+    def __init__(  # noqa: PLR0917 (positional, as the dataclass's own `__init__` takes them)
+        self,
+        now: float,
+        worker_idle: bool,
+        batch_seconds: BatchSeconds = _no_estimate,
+        workers: float = 1.0,
+        stats: LaneStats | None = None,
+        worker_free_at: float = 0.0,
+        host: HostCost = NO_HOST_COST,
+    ) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.now = now
+        self.worker_idle = worker_idle
+        self.batch_seconds = batch_seconds
+        self.workers = workers
+        self.stats = LaneStats() if stats is None else stats
+        self.worker_free_at = worker_free_at
+        self.host = host
+
 
 @dataclass(slots=True)
 class Cut:
     """Cut a batch from the lane now."""
 
     reason: str
+
+    def __init__(self, reason: str) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -135,6 +158,11 @@ class WakeAt:
 
     when: float
     rows: int
+
+    def __init__(self, when: float, rows: int) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.when = when
+        self.rows = rows
 
 
 class Batcher(Protocol):

@@ -125,6 +125,45 @@ class QueuedRequest:
     ended: bool = False
     """It has been settled (result, error, or the client went away): later news about it is ignored."""
 
+    def __init__(  # noqa: PLR0917 (positional, as the dataclass's own `__init__` takes them)
+        self,
+        request_id: int,
+        lane: LaneKey,
+        rows: int,
+        arrival: float,
+        deadline: float,
+        payload: ShellData = None,
+        limits: LaneLimits | None = None,
+        tenant: str = "",
+        priority: int = 1,
+        weight: float = 1.0,
+        size_bytes: int = 0,
+        cost: int = 1,
+        wire_bytes: int = 0,
+        attempts: int = 1,
+        latest_start: float = math.inf,
+        admitted: bool = False,
+        ended: bool = False,
+    ) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.request_id = request_id
+        self.lane = lane
+        self.rows = rows
+        self.arrival = arrival
+        self.deadline = deadline
+        self.payload = payload
+        self.limits = limits
+        self.tenant = tenant
+        self.priority = priority
+        self.weight = weight
+        self.size_bytes = size_bytes
+        self.cost = cost
+        self.wire_bytes = wire_bytes
+        self.attempts = attempts
+        self.latest_start = latest_start
+        self.admitted = admitted
+        self.ended = ended
+
 
 @dataclass(slots=True)
 class _TenantQueue:

@@ -73,6 +73,13 @@ class Served:
     """From arrival until its batch was sent."""
     outputs: ShellData
 
+    def __init__(self, worker_id: str, batch_rows: int, queue_s: float, outputs: ShellData) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.worker_id = worker_id
+        self.batch_rows = batch_rows
+        self.queue_s = queue_s
+        self.outputs = outputs
+
 
 @dataclass(slots=True)
 class Settled:
@@ -81,6 +88,11 @@ class Settled:
 
     request: QueuedRequest
     outcome: Served | SluiceError
+
+    def __init__(self, request: QueuedRequest, outcome: Served | SluiceError) -> None:
+        # Written out: mypyc compiles this, not a dataclass's generated `__init__` (common/compiled_core.py).
+        self.request = request
+        self.outcome = outcome
 
 
 class Learned(NamedTuple):
