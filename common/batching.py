@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,7 @@ class Candidate:
     limits: BatchLimits
 
 
-RUNS_ALONE = Candidate(None, 0, 0, BatchLimits(0))
+RUNS_ALONE: Final = Candidate(None, 0, 0, BatchLimits(0))
 """A batch that merges with nothing."""
 
 

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from sluice_inference.bench.loadgen_stats import RequestRecord
 from sluice_inference.bench.sim.plan import RunPlan
@@ -47,22 +47,35 @@ from sluice_inference.router.policy.lanes import LaneKey, LaneLimits, QueuedRequ
 from sluice_inference.router.policy.outcomes import BatchAnswer, Decision, Served
 from sluice_inference.router.policy.shares import OWN_GRACE_S
 
-ARRIVAL, DONE, ANSWER, TIMER, CRASH, NOTICED, DRAIN, REPORT, PUBLISH, PEER, COUNTED = range(11)
-UNLIMITED = TenantSettings(rate=1e12, burst=10**12, max_inflight=10**12, default_priority=9, max_priority=1)
-SETTLE_S = 60.0
+# The kinds of event on the simulator's heap (Final: the compiled engine compares them as constants).
+ARRIVAL: Final = 0
+DONE: Final = 1
+ANSWER: Final = 2
+TIMER: Final = 3
+CRASH: Final = 4
+NOTICED: Final = 5
+DRAIN: Final = 6
+REPORT: Final = 7
+PUBLISH: Final = 8
+PEER: Final = 9
+COUNTED: Final = 10
+UNLIMITED: Final = TenantSettings(
+    rate=1e12, burst=10**12, max_inflight=10**12, default_priority=9, max_priority=1
+)
+SETTLE_S: Final = 60.0
 """After the last arrival plus the longest deadline, a run that still has events is broken: stop."""
-MAX_SPINS = 1000
-TIMER_SLACK_S = 1e-6
+MAX_SPINS: Final = 1000
+TIMER_SLACK_S: Final = 1e-6
 """A timer fires this long after `wake_at`, as a real one never fires early. (The core compares `now` with
 the very instants it asks to be woken at, so it needs no slack to make progress; `run` stops a core that
 asks for the same instant over and over.)"""
-BYTES_PER_ROW_ITEM = 4
+BYTES_PER_ROW_ITEM: Final = 4
 """FP32: a request's queued bytes are rows x length x 4 (admission's byte bound)."""
-RUN_YOUNG_THRESHOLD = 100_000
+RUN_YOUNG_THRESHOLD: Final = 100_000
 """Allocations between young collections during a run. At CPython's 700 the collector took 8-10 % of a run
 on `sim_scale.yaml` and found nothing: every object a run makes is freed by its last reference."""
 CoreFactory = Callable[[int, RunPlan], RouterCore]
-SIM_DEVICE = "accelerator"
+SIM_DEVICE: Final = "accelerator"
 """What a simulated worker registers as: its batch time does not share the router's CPU, as an accelerator's
 does not, so a router keeps two batches on it (`router.batches_in_flight_per_worker` by device)."""
 

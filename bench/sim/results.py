@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from sluice_inference.bench.loadgen_stats import RequestRecord, outcome_counts
 from sluice_inference.bench.sim.plan import RunPlan
 
-WORKER_DETAIL_UP_TO = 64
+WORKER_DETAIL_UP_TO: Final = 64
 """Reports list workers one by one up to this many; bigger fleets get a distribution."""
-SHED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
-QUOTA_REASONS = ("tenant_rate", "tenant_inflight", "global_rate")
+SHED_CODES: Final = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+QUOTA_REASONS: Final = ("tenant_rate", "tenant_inflight", "global_rate")
 """Refusals by a quota (the rest were admitted, whatever happened next)."""
 
 
@@ -170,7 +170,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     }
 
 
-COLUMNS = ["variant", "offered/s", "load", "ok/s", "good/s", "SLO %", "shed %", "expired %",
+COLUMNS: Final = ["variant", "offered/s", "load", "ok/s", "good/s", "SLO %", "shed %", "expired %",
            "p50 ms", "p99 ms", "batch"]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Final
 
 from sluice_inference.bench.sim.scenario import ModelSpec, Noise
 from sluice_inference.common.batching import BatchLimits, Candidate, next_forward
@@ -30,11 +31,11 @@ from sluice_inference.router.policy.core import BUSY
 from sluice_inference.router.policy.lanes import QueuedRequest
 from sluice_inference.router.policy.outcomes import BatchAnswer, Dispatch, ItemAnswer
 
-EXECUTED = ItemAnswer()
+EXECUTED: Final = ItemAnswer()
 """The answer of every item that ran (a simulated worker returns no outputs): one, shared."""
-SKIPPED = {code: ItemAnswer(code) for code in (int(Code.CANCELLED), int(Code.DEADLINE_EXCEEDED))}
+SKIPPED: Final = {code: ItemAnswer(code) for code in (int(Code.CANCELLED), int(Code.DEADLINE_EXCEEDED))}
 """The answer of an item skipped when its forward started, by status code (shared likewise)."""
-FULL = ItemAnswer(int(Code.UNAVAILABLE), "worker full", reason=BUSY)
+FULL: Final = ItemAnswer(int(Code.UNAVAILABLE), "worker full", reason=BUSY)
 """The answer of every item of a batch that found the worker full."""
 
 

@@ -18,6 +18,7 @@ baseline our overload figures compare against.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from sluice_inference.common.serving_settings import AdmissionSettings, TenantSettings
 from sluice_inference.router.policy.backlog import Backlog, drain_time
@@ -28,9 +29,9 @@ from sluice_inference.router.policy.queues import QueueBounds
 from sluice_inference.router.policy.ratelimit import Quota, RateLimiter
 from sluice_inference.router.policy.shares import ShareBook
 
-AUDIT_TENANT = "__audit__"
+AUDIT_TENANT: Final = "__audit__"
 """Internal tenant of cache audits: unlimited quota, lowest priority (router/auditor.py)."""
-AUDIT_PRIORITY = 1_000_000
+AUDIT_PRIORITY: Final = 1_000_000
 """Lower than any real priority, so audits wait behind everything and are shed first."""
 
 

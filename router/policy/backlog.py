@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.lanes import LaneKey
 
-MIN_RETRY_S = 0.01
+MIN_RETRY_S: Final = 0.01
 """Shortest retry hint: below it a client would only spin."""
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from sluice_inference.router.policy.deadline_budget import DeadlineBudget
 from sluice_inference.router.policy.lane_stats import LaneStats
@@ -59,17 +59,17 @@ from sluice_inference.router.policy.lanes import Lane
 
 # Execution-time estimate for a batch of n rows of the lane being decided on.
 BatchSeconds = Callable[[int], float]
-HEADROOM_FRACTION = 0.5
-HOLD_LEAD_S = 0.0005
-PRESSED = 0.5
+HEADROOM_FRACTION: Final = 0.5
+HOLD_LEAD_S: Final = 0.0005
+PRESSED: Final = 0.5
 """CPU pressure (the event loop's share of the time it runs or waits to run) from which a lane holds its
 batch for fuller ones instead of cutting for an idle worker."""
-SATURATED = 0.9
+SATURATED: Final = 0.9
 """CPU pressure at which the hold is the lane's whole `max_wait` (a loop that wants the CPU this much of
 the time is at its limit: the calls it has not reached yet are queueing)."""
 """A batch for a busy worker is cut this long before the worker is expected to be free, so it is there
 (and staged) when the device becomes idle."""
-UNDERUSED_BELOW = 0.5
+UNDERUSED_BELOW: Final = 0.5
 
 
 def _no_estimate(rows: int) -> float:
@@ -100,7 +100,7 @@ class HostCost:
         return max_wait_s * self.hold_factor * min(1.0, share) if share > 0.0 else 0.0
 
 
-NO_HOST_COST = HostCost()
+NO_HOST_COST: Final = HostCost()
 
 
 @dataclass(slots=True)

@@ -13,10 +13,11 @@ choice would keep feeding the fastest-failing worker, which always looks idle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-THRESHOLD = 3
-FIRST_BACKOFF_S = 1.0
-MAX_BACKOFF_S = 30.0
+THRESHOLD: Final = 3
+FIRST_BACKOFF_S: Final = 1.0
+MAX_BACKOFF_S: Final = 30.0
 
 
 @dataclass

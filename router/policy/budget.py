@@ -11,9 +11,11 @@ Invariant: `used` is the sum of the sizes acquired and not yet released, and nev
 
 from __future__ import annotations
 
+from typing import Final
+
 from sluice_inference.common.errors import ResourceExhausted
 
-RETRY_AFTER_S = 0.1
+RETRY_AFTER_S: Final = 0.1
 """Hint for a refused request: in-flight bytes free up as requests finish, typically within a batch."""
 
 

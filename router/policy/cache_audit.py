@@ -30,6 +30,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -37,10 +38,10 @@ from sluice_inference.common.tensors import dtype_of
 from sluice_inference.router.policy.cache_keys import TensorLike
 from sluice_inference.router.policy.ratelimit import TokenBucket
 
-MAX_RELATIVE_DEVIATION = 1e-3
+MAX_RELATIVE_DEVIATION: Final = 1e-3
 """The largest batch-vs-single deviation (relative to the output's magnitude) a model version may be
 credited with: beyond it a model is not batch-invariant enough for its hits to be vouched for."""
-MAX_TRACKED = 4096
+MAX_TRACKED: Final = 4096
 """Bound on the tenants, model versions and (tenant, model) pairs each table here remembers."""
 
 

@@ -26,26 +26,26 @@ import hashlib
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 ParamValue = bool | int | float | str
 
-SHARED_SCOPE = "shared"
-TENANT_SCOPE_PREFIX = "tenant:"
+SHARED_SCOPE: Final = "shared"
+TENANT_SCOPE_PREFIX: Final = "tenant:"
 
-OUTPUT_AFFECTING_EXCLUDED: frozenset[str] = frozenset({"priority", "timeout", "cache"})
+OUTPUT_AFFECTING_EXCLUDED: Final[frozenset[str]] = frozenset({"priority", "timeout", "cache"})
 """Request parameters that cannot change a model's output and so stay out of cache keys: `priority` and
 `timeout` only decide when (and whether) the request runs, `cache` only whether the cache is consulted.
 Every other parameter counts, including ones Sluice does not know: a custom parameter may reach the model,
 and a missed hit costs less than a wrong answer."""
 
-FINGERPRINT_EXCLUDED: frozenset[str] = frozenset({"priority", "timeout", "cache"})
+FINGERPRINT_EXCLUDED: Final[frozenset[str]] = frozenset({"priority", "timeout", "cache"})
 """Request parameters that do not make a retry a "different request" for idempotency: a client retrying
 with the time it has left, another priority or the cache bypassed is repeating the same request."""
 
-_CACHE_KEY_TAG = b"sluice/cache-key"
-_FINGERPRINT_TAG = b"sluice/request-fingerprint"
-_FORMAT_VERSION = 1
+_CACHE_KEY_TAG: Final = b"sluice/cache-key"
+_FINGERPRINT_TAG: Final = b"sluice/request-fingerprint"
+_FORMAT_VERSION: Final = 1
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ disagreement is reported by `conflicts()` (a half-finished redeploy), rather tha
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from sluice_inference.common.errors import NotFound
 from sluice_inference.common.records import ModelRecord, WorkerRecord
 
-SHOWN_NAME_CHARS = 128
+SHOWN_NAME_CHARS: Final = 128
 """How much of a name the caller sent a refusal repeats (a name that matched nothing may be any length)."""
 
 

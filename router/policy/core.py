@@ -37,6 +37,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import lru_cache
+from typing import Final
 
 from sluice_inference.common.errors import (
     Cancelled,
@@ -78,11 +79,11 @@ __all__ = [
     "version_to_serve",
 ]
 
-SHAPES_BUSY_RETRY_S = 0.1
+SHAPES_BUSY_RETRY_S: Final = 0.1
 """Every shape of the model has queued or running work: one of them is idle once a batch is answered."""
-ITEM_OVERHEAD_BYTES = 256
+ITEM_OVERHEAD_BYTES: Final = 256
 """Framing of one item on the worker stream (ids, names, shapes), counted in a batch's size."""
-MAX_CAPPED_LIMITS = 1024
+MAX_CAPPED_LIMITS: Final = 1024
 """Distinct lane limits remembered with a message cap added (registered model versions have a handful),
 least recently used first out."""
 

@@ -28,21 +28,22 @@ It is pure: times are passed in, nothing is read or kept but the settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sluice_inference.common.errors import DeadlineExceeded, InvalidArgument, SluiceError, Unavailable
 from sluice_inference.common.serving_settings import AdmissionSettings, RouterSettings
 
-BATCHES_AHEAD = 2
+BATCHES_AHEAD: Final = 2
 """A queued request may ride in a full batch, and its worker may hold one more full batch ahead of it."""
-MIN_RESERVE_S = 0.002
-RESERVE_FRACTION = 0.1
+MIN_RESERVE_S: Final = 0.002
+RESERVE_FRACTION: Final = 0.1
 """Share of a request's budget kept for the answer's way back: transport and the client's own event loop
 (with 5 % a loaded generator still read a few answers after their deadline)."""
-MIN_WIRE_BUDGET_US = 1
-MAX_WIRE_BUDGET_US = 2**63 - 1
+MIN_WIRE_BUDGET_US: Final = 1
+MAX_WIRE_BUDGET_US: Final = 2**63 - 1
 """An item's budget is an int64 on the wire; 0 would mean "none"."""
 
-BUDGET_TABLE = f"""\
+BUDGET_TABLE: Final = f"""\
 | stage | the rule (deadline = D, arrival = A, now = T, t(n) the estimate for n rows) | margin | outcome |
 |---|---|---|---|
 | arrival (`deadline`) | D = A + min(gRPC deadline, `parameters["timeout"]`), else \

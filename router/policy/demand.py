@@ -22,23 +22,23 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import Final, TypeGuard
 
-MAX_TENANTS = 32
+MAX_TENANTS: Final = 32
 """Tenants in one published record (the busiest): bounds its size and every peer's work to read it."""
-MAX_NAME = 128
+MAX_NAME: Final = 128
 """Longer tenant names are left out of records (configured names are far shorter)."""
-MAX_RECORD_BYTES = 2048
+MAX_RECORD_BYTES: Final = 2048
 """Most bytes of one encoded demand record."""
-DIGITS = 3
+DIGITS: Final = 3
 """Significant digits of a published rate: finer changes are noise, and records stay small."""
-MIN_RATE = 0.05
+MIN_RATE: Final = 0.05
 """Rates below this (one request in 20 s) are published as nothing."""
-REL_CHANGE = 0.2
+REL_CHANGE: Final = 0.2
 """A tenant's rate must move by this fraction (of the larger of old and new) ..."""
-ABS_CHANGE = 0.1
+ABS_CHANGE: Final = 0.1
 """... plus this many requests per second before a router republishes."""
-CLUSTER_PUBLISHES_PER_S = 100.0
+CLUSTER_PUBLISHES_PER_S: Final = 100.0
 """Most demand records all routers together write per second: each router waits at least
 N / CLUSTER_PUBLISHES_PER_S seconds between two (N live routers), so etcd's load is bounded at any N."""
 
@@ -94,7 +94,7 @@ class Demand:
         return Demand(tenants, sum(tenants.values()))
 
 
-NO_DEMAND = Demand()
+NO_DEMAND: Final = Demand()
 
 
 def _sane(value: object) -> TypeGuard[int | float]:
@@ -131,7 +131,7 @@ def publish_interval_s(configured_s: float, routers: int) -> float:
     return max(configured_s, max(1, routers) / CLUSTER_PUBLISHES_PER_S)
 
 
-REBASE_AT = 200.0
+REBASE_AT: Final = 200.0
 """Windows after its anchor at which a meter rebases its sums (exp(200) is far from a float's limit)."""
 
 

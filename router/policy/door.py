@@ -52,23 +52,24 @@ configured levels: the shell maps anything else to the lowest).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
-DECREASE = 0.8
+DECREASE: Final = 0.8
 """The admitted fraction's factor per cut (a sample above the delay bound, at most once per delay)."""
-INCREASE = 0.05
+INCREASE: Final = 0.05
 """What the admitted fraction regains per sample below half the delay bound (a sample comes every ~50 ms:
 from half to all in about half a second)."""
-MIN_FRACTION = 0.01
+MIN_FRACTION: Final = 0.01
 """Never refuse everything: a trickle of requests keeps the router's estimates and health current. Each
 level keeps at least this share of its own arrivals."""
-HOLD_MAX_S = 0.1
+HOLD_MAX_S: Final = 0.1
 """The longest wait between two cuts: a delay of seconds (a queue built before the door closed) must not
 leave the door as open as it was for seconds."""
-REARM_S = 5.0
+REARM_S: Final = 5.0
 """After the door has opened fully, for this long a delay above the bound closes it again once it has
 lasted `REARM_SUSTAIN_S`, not `sustain_s`: the load that closed it is most likely still there, and waiting
 `sustain_s` again lets a queue of that length build before every close."""
-REARM_SUSTAIN_S = 0.1
+REARM_SUSTAIN_S: Final = 0.1
 """How long the delay must stay above the bound to close a door that opened fully less than `REARM_S`
 ago: the interval of CoDel's rule (a queue that has not drained within it is standing). Closing on a
 single late sample made a router near its capacity, where an occasional call waits past the bound and the
@@ -77,14 +78,14 @@ twice the bound (2026-12-03 to 12-04) let a load of 1.05-1.1x the router's capac
 the SLO before every close; without it the router kept as much or more within the SLO at every load
 measured, though it closes a little more readily while the machine stalls (docs/performance.md,
 2026-12-04)."""
-RETRY_AFTER_S = 0.1
+RETRY_AFTER_S: Final = 0.1
 """The retry hint of a refusal: about the time the fraction takes to recover by a tenth."""
-MEMORY = 0.7
+MEMORY: Final = 0.7
 """Each sample keeps this much of a level's arrival count from before it: the shares follow the last few
 samples (a few hundred ms), steady enough that one quiet sample does not hand a level's share away."""
 
 
-PROTECT = 2.0
+PROTECT: Final = 2.0
 """Under this many times the bound, a wait does not cut the highest calling level's share (module
 docstring)."""
 PROTECTED_BOUND = 0.5
@@ -95,7 +96,7 @@ its `max_wait`). Cutting only at the whole bound let them wait long enough to en
 bench/door_model.py with 20 ms from a call's turn to its answer, gold kept 0.68-0.72 of its calls at
 1.5x the router's capacity with the whole bound and 0.98-1.0 with half (docs/performance.md, 2026-12-04
 evening). A single level calling keeps the whole bound: nothing is protected then."""
-FORGOTTEN = 0.01
+FORGOTTEN: Final = 0.01
 """A level whose decayed arrivals fall below this counts as silent (its volume unknown again)."""
 
 

@@ -17,6 +17,7 @@ It holds the mechanisms it needs (admission, queues, workers, estimates), never 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from sluice_inference.common.errors import (
     Internal,
@@ -34,11 +35,11 @@ from sluice_inference.router.policy.outcomes import Decision, Dispatch, ItemAnsw
 from sluice_inference.router.policy.queues import QueueFull, Queues
 from sluice_inference.router.policy.workers import WorkerPool
 
-NO_WORKER_RETRY_S = 1.0
+NO_WORKER_RETRY_S: Final = 1.0
 """Hint for requests that find no worker serving their model: workers register within seconds."""
-WORKER_LOST_RETRY_S = 0.1
+WORKER_LOST_RETRY_S: Final = 0.1
 """A worker vanished mid-batch: the request can be retried at once on another worker."""
-BUSY = "worker_busy"
+BUSY: Final = "worker_busy"
 """Item reason of a worker that was full when the batch arrived: place it elsewhere, no one's fault."""
 
 

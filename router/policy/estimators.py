@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from sluice_inference.router.policy.lanes import LaneKey
 
-DECAY = 0.97
+DECAY: Final = 0.97
 """Weight kept by the past at each observation (≈ the last 33 batches dominate)."""
-DEFAULT_SECONDS = 0.005
+DEFAULT_SECONDS: Final = 0.005
 """Prior for a model nobody has measured yet: 5 ms per batch, per-item cost unknown."""
 
 
@@ -45,7 +45,7 @@ class _Sums:
         self.snt = self.snt * decay + weight * rows * seconds
 
 
-PRIOR_WEIGHT = 1.0
+PRIOR_WEIGHT: Final = 1.0
 """Weight of each warm-up point in every fit. It never decays: under steady load every batch has about
 the same size, so the live data alone cannot tell the per-row cost from the fixed cost, and the slope
 would drift; the warm-up points (batch 1 and the full batch) keep it anchored."""
@@ -98,7 +98,7 @@ class LatencyModel:
         return a + b * rows
 
 
-MAX_ANCHORS = 64
+MAX_ANCHORS: Final = 64
 """Batch sizes a best-case floor keeps (warm-up sizes come from worker records in etcd: bound them)."""
 
 
@@ -145,9 +145,9 @@ class BestCase:
         return floor
 
 
-MAX_ANSWERS = 4096
+MAX_ANSWERS: Final = 4096
 """Most remembered `batch_seconds` answers between two changes of the fits (sizes x workers x shapes)."""
-WORKER_FIT_AFTER = 5
+WORKER_FIT_AFTER: Final = 5
 """Reports a fit needs before it replaces a more general one (worker+shape → shape → model)."""
 Shape = tuple[tuple[str, tuple[int, ...]], ...]
 """A lane's shape signature (LaneKey.shape)."""

@@ -14,6 +14,7 @@ It returns what it learned; ending requests is the core's (endings.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from sluice_inference.router.policy.estimators import ServiceEstimates
 from sluice_inference.router.policy.health import WorkerHealth
@@ -22,7 +23,7 @@ from sluice_inference.router.policy.workers import WorkerPool, WorkerSlot
 
 Registered = Mapping[tuple[str, str], Mapping[int, float]]
 """A registration's model versions, each with its warm-up forward time by batch size."""
-BATCH_S_WEIGHT = 0.2
+BATCH_S_WEIGHT: Final = 0.2
 """How fast a worker's typical batch time follows what this router measures there."""
 
 

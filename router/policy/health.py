@@ -8,11 +8,12 @@ timer is armed only while the worker holds batches; the breaker (breaker.py) is 
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from sluice_inference.router.policy.breaker import CircuitBreaker
 from sluice_inference.router.policy.workers import WorkerSlot
 
-HANG_FACTOR = 10.0
+HANG_FACTOR: Final = 10.0
 """A worker is hung once it holds work this many times longer than that work was expected to take (and
 at least `hang_after_s`): slow devices and noisy estimates stay far below it."""
 

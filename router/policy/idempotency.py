@@ -32,21 +32,21 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from sluice_inference.common.errors import Code, FailedPrecondition, InvalidArgument, Unavailable
 
-MAX_KEY_LENGTH = 255
-DEFAULT_RECORD_TTL_S = 24 * 3600.0
-DEFAULT_MAX_RECORDS = 100_000
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-RECORD_OVERHEAD_BYTES = 256
+MAX_KEY_LENGTH: Final = 255
+DEFAULT_RECORD_TTL_S: Final = 24 * 3600.0
+DEFAULT_MAX_RECORDS: Final = 100_000
+DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
+RECORD_OVERHEAD_BYTES: Final = 256
 """Python objects around one in-process record (tuple, dataclass, dict and order entries), roughly."""
-DEFAULT_LEASE_MARGIN_S = 2.0
-STORE_DOWN_RETRY_S = 1.0
-MAX_STORED_MESSAGE = 1024
+DEFAULT_LEASE_MARGIN_S: Final = 2.0
+STORE_DOWN_RETRY_S: Final = 1.0
+MAX_STORED_MESSAGE: Final = 1024
 
-RELEASE_CODES: frozenset[Code] = frozenset(
+RELEASE_CODES: Final[frozenset[Code]] = frozenset(
     {
         Code.CANCELLED,  # the caller gave up: from its view the call never completed
         Code.DEADLINE_EXCEEDED,  # likewise; a retry with more time should run, not replay the timeout
@@ -59,7 +59,7 @@ RELEASE_CODES: frozenset[Code] = frozenset(
 """Outcomes that release the key. Everything else — OK and terminal errors (INVALID_ARGUMENT, NOT_FOUND,
 INTERNAL, PERMISSION_DENIED, FAILED_PRECONDITION, ...) — is stored and replayed."""
 
-_SCOPE_TAG = b"sluice/idempotency-key/1"
+_SCOPE_TAG: Final = b"sluice/idempotency-key/1"
 
 
 class State(enum.Enum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Final
 
 from sluice_inference.router.policy.idempotency import (
     MAX_STORED_MESSAGE,
@@ -23,13 +24,13 @@ from sluice_inference.router.policy.idempotency import (
 )
 from sluice_inference.router.policy.sealing import MAC_LEN, SealKeys
 
-_RECORD_MAGIC = b"SLI3"
+_RECORD_MAGIC: Final = b"SLI3"
 """Format 3 is format 2 (successes as `sluice.v1.StoredResult`) sealed with an HMAC; format 1 held KServe
 responses. A record of another format does not decode, so no router ever replays bytes it would misread
 or that it cannot prove a router wrote."""
-_OLD_MAGICS = (b"SLI1", b"SLI2")
-_RECORD_TAG = b"sluice/idempotency-record/3"
-_U16 = struct.Struct(">H")
+_OLD_MAGICS: Final = (b"SLI1", b"SLI2")
+_RECORD_TAG: Final = b"sluice/idempotency-record/3"
+_U16: Final = struct.Struct(">H")
 
 
 def _lp(data: bytes) -> bytes:

@@ -16,12 +16,13 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Final
 
-TAU_S = 1.0
-WINDOW = 256
-HEALTHY_BELOW = 0.4
-UNHEALTHY_ABOVE = 0.6
-_P99_AT = [max(0, min(n - 1, math.ceil(0.99 * n) - 1)) for n in range(WINDOW + 1)]
+TAU_S: Final = 1.0
+WINDOW: Final = 256
+HEALTHY_BELOW: Final = 0.4
+UNHEALTHY_ABOVE: Final = 0.6
+_P99_AT: Final = [max(0, min(n - 1, math.ceil(0.99 * n) - 1)) for n in range(WINDOW + 1)]
 """Index of the 99th percentile in a sorted window of n values (read once per finished request)."""
 
 

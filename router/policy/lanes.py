@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NamedTuple, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from sluice_inference.common.batching import BatchFill, BatchLimits
 from sluice_inference.common.records import ModelRecord
@@ -52,7 +52,7 @@ class LaneKey(NamedTuple):
         return f"{self.model}:{self.version}[{dims}]"
 
 
-MAX_REMEMBERED_LIMITS = 1024
+MAX_REMEMBERED_LIMITS: Final = 1024
 """Distinct limits `LaneLimits.of` remembers (registered model versions have a handful), least recently
 used first out."""
 

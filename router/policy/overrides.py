@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Final
 
 from sluice_inference.common.serving_settings import TenantSettings
 
-_GLOB_CHARS = frozenset("*?[")
+_GLOB_CHARS: Final = frozenset("*?[")
 
 
 def _within(pattern: str, allowed: list[str]) -> bool:
@@ -58,7 +58,7 @@ def _admin(asked: Any, ceiling: Any) -> Any:
     return bool(asked and ceiling)
 
 
-RULES: Mapping[str, Callable[[Any, Any], Any]] = {
+RULES: Final[Mapping[str, Callable[[Any, Any], Any]]] = {
     "api_keys": _keys,
     "rate": _lower,
     "burst": _lower,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Final
 
 from sluice_inference.router.policy.batcher import NO_HOST_COST, BatchContext, Batcher, Cut, HostCost
 from sluice_inference.router.policy.estimators import ServiceEstimates
@@ -49,11 +50,11 @@ class Wait:
     when: float
 
 
-MAX_HOST_S = 1.0
+MAX_HOST_S: Final = 1.0
 """Most CPU seconds per batch or per row a shell may report: anything above is a measuring error."""
-NO_WORKER = "no_worker"
+NO_WORKER: Final = "no_worker"
 """No accepting worker serves the lane's version: its requests end."""
-BLOCKED = "blocked"
+BLOCKED: Final = "blocked"
 """Every serving worker is full or breaker-blocked: an answer or a reopen will tick the core."""
 Step = Send | Wait | str
 

@@ -22,21 +22,22 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from sluice_inference.common.errors import InvalidArgument
 from sluice_inference.router.policy.sealing import MAC_LEN, SealKeys
 
-ENTRY_OVERHEAD_BYTES = 128
+ENTRY_OVERHEAD_BYTES: Final = 128
 """Approximate per-entry cost of the dict slot, the record and the key object, charged against capacity
 so many tiny entries cannot exceed the memory bound the operator configured."""
 
-_MAGIC = b"SLC3"
+_MAGIC: Final = b"SLC3"
 """Format 3 holds `sluice.v1.StoredResult` under an HMAC (format 2: the same under a plain SHA-256, which
 anyone could recompute; format 1 held KServe responses): an entry of another format is rejected, i.e. a
 miss, and the next put replaces it."""
-_OLD_MAGICS = (b"SLC1", b"SLC2")
-_ENTRY_TAG = b"sluice/cache-entry/3"
-_HEADER = struct.Struct(">H")
+_OLD_MAGICS: Final = (b"SLC1", b"SLC2")
+_ENTRY_TAG: Final = b"sluice/cache-entry/3"
+_HEADER: Final = struct.Struct(">H")
 
 
 @dataclass

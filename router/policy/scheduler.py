@@ -14,11 +14,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from sluice_inference.router.policy.workers import IndexedSet, WorkerSlot
 
-SAMPLE_ABOVE = 4
+SAMPLE_ABOVE: Final = 4
 
 
 @dataclass(slots=True)

@@ -18,8 +18,9 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Sequence
+from typing import Final
 
-MAC_LEN = 32
+MAC_LEN: Final = 32
 """Bytes of an HMAC-SHA256."""
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Final
 
 from sluice_inference.router.policy.lanes import LaneKey
 
-MAX_SHAPES_PER_MODEL = 256
+MAX_SHAPES_PER_MODEL: Final = 256
 """Lane shapes with state per model, across its versions. A model with bucketed variable dims has a few;
 traffic with more distinct exact shapes than this batches poorly anyway (configure buckets)."""
 

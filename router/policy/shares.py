@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from sluice_inference.router.policy.demand import NO_DEMAND, Demand
 
-OWN_GRACE_S = 0.05
+OWN_GRACE_S: Final = 0.05
 """How long after its record is written a router waits before counting a higher demand of its own: etcd
 delivers a write to every watch within milliseconds, so 50 ms covers a loaded etcd many times over."""
 

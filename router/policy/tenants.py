@@ -17,6 +17,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import Final
 
 from sluice_inference.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from sluice_inference.common.serving_settings import ANONYMOUS_TENANT, TenantSettings
@@ -27,7 +28,7 @@ def hash_api_key(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-MAX_REMEMBERED_MODELS = 1024
+MAX_REMEMBERED_MODELS: Final = 1024
 """Model names a tenant's verdicts are remembered for; past it they start over (a hostile stream of names
 costs glob matching, never memory)."""
 

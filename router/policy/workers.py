@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 ModelVersion = tuple[str, str]
 
@@ -154,8 +155,8 @@ class IndexedSet:
         return picked
 
 
-_SMALL_SAMPLE = 5
-_POOL_BELOW = 21
+_SMALL_SAMPLE: Final = 5
+_POOL_BELOW: Final = 21
 """CPython's `random.sample` for at most `_SMALL_SAMPLE` picks: a population of at most `_POOL_BELOW` is
 drawn from a copied pool, a larger one by redrawing repeats."""
 
@@ -169,7 +170,7 @@ def _below(rng: random.Random, n: int) -> int:
     return r
 
 
-_NONE = IndexedSet()
+_NONE: Final = IndexedSet()
 """What `serving` and `free` return for a version no worker has (shared: never mutated). (`or` with a new
 empty set asked the index's `__len__` on every call, several times per request.)"""
 
