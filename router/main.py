@@ -22,6 +22,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
+from sluice_inference.common import compiled_core
 from sluice_inference.common.clock import Clock, MonotonicClock, wait_until
 from sluice_inference.common.cluster_auth import ClusterClient, router_identity, router_identity_servicer
 from sluice_inference.common.config import SluiceConfig
@@ -292,8 +293,8 @@ class RouterServer:
         self.queue_probe.start()
         await self._registration.start()
         log.info(
-            "router %s serving on %s (metrics :%d, %s event loop)",
-            self.router_id, advertised, self.metrics_port, running_loop_name(),
+            "router %s serving on %s (metrics :%d, %s event loop, policy core %s)",
+            self.router_id, advertised, self.metrics_port, running_loop_name(), compiled_core.status(),
         )  # fmt: skip
 
     def _etcd_connected(self) -> bool:
