@@ -1,10 +1,10 @@
 """Load the policy core compiled by mypyc when a build of exactly these sources exists; else pure Python.
 
 Why: the core and the simulator are the same typed Python, and mypyc (it comes with mypy) compiles them to C
-extensions that run the simulator about twice as fast with every decision unchanged (docs/performance.md,
-"The policy core compiled"). `make compile` builds them (common/core_build.py) into `.build/compiled/`,
-never beside the sources: a compiled module beside its source would shadow it, and an edited source would
-silently run the old code.
+extensions that run the simulator about two and a half times as fast with every decision unchanged
+(docs/performance.md, "The late night of 2026-12-04"). `make compile` builds them (common/core_build.py) into
+`.build/compiled/`, never beside the sources: a compiled module beside its source would shadow it, and an
+edited source would silently run the old code.
 
 Rules:
 - A build is used only while every source it was compiled from (the compiled modules and everything of
@@ -15,7 +15,7 @@ Rules:
   class never meet.
 - `SLUICE_PURE_PYTHON=1` in the environment turns the build off for a process. It chooses how code is
   loaded, never what it decides, and is read once, when `sluice_inference` is first imported (the
-  differential test runs one scenario both ways in child processes).
+  differential test runs four scenarios both ways in child processes).
 - `status()` says which one runs and why, for logs and `sluice sim`.
 
 What compiling asks of the compiled modules' code: their classes take no interpreted subclasses (tests wrap
