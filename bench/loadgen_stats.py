@@ -53,16 +53,6 @@ class RequestRecord:
     cache: str = ""
     """The response's `sluice_cache` (hit, miss, bypass; empty when the model is not cached)."""
 
-    @property
-    def ok(self) -> bool:
-        """Answered OK."""
-        return self.code == OK
-
-    @property
-    def good(self) -> bool:
-        """Answered OK within its deadline."""
-        return self.ok and self.latency_s <= self.deadline_s
-
     def __init__(  # noqa: PLR0917 (positional, as the dataclass's own `__init__` takes them)
         self,
         cls: int,
@@ -87,6 +77,16 @@ class RequestRecord:
         self.hint = hint
         self.detail = detail
         self.cache = cache
+
+    @property
+    def ok(self) -> bool:
+        """Answered OK."""
+        return self.code == OK
+
+    @property
+    def good(self) -> bool:
+        """Answered OK within its deadline."""
+        return self.ok and self.latency_s <= self.deadline_s
 
 
 @dataclass(frozen=True)

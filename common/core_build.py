@@ -26,6 +26,7 @@ from sluice_inference.common.compiled_core import (
     GROUP,
     MANIFEST,
     ROOT,
+    CompiledCoreFinder,
     compiled_sources,
     module_name,
     source_closure,
@@ -48,16 +49,16 @@ def current_key() -> tuple[str, list[Path]]:
 
 
 def up_to_date(key: str) -> bool:
-    """Whether the build in place was compiled from exactly the current sources and is complete."""
+    """Whether the build in place is of exactly the current sources (`key`: a new import can add one) and
+    the loader would serve it."""
     try:
         manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    modules = manifest.get("modules") if isinstance(manifest, dict) else None
     return (
-        isinstance(modules, dict)
+        isinstance(manifest, dict)
         and manifest.get("key") == key
-        and all((BUILD_DIR / str(rel)).is_file() for rel in modules.values())
+        and not CompiledCoreFinder(manifest).verdict()
     )
 
 

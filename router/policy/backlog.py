@@ -34,10 +34,6 @@ class Backlog:
     workers: int
     """Accepting workers serving the lane's version (at least 1: the rule divides by it)."""
 
-    def drain_seconds(self, key: LaneKey, rows: int) -> float:
-        """`drain_seconds` for this lane."""
-        return drain_seconds(self.estimates, key, rows, self.batch, self.workers)
-
     def __init__(
         self, estimates: ServiceEstimates, rows_ahead: int, workers_full: bool, batch: int, workers: int
     ) -> None:
@@ -47,6 +43,10 @@ class Backlog:
         self.workers_full = workers_full
         self.batch = batch
         self.workers = workers
+
+    def drain_seconds(self, key: LaneKey, rows: int) -> float:
+        """`drain_seconds` for this lane."""
+        return drain_seconds(self.estimates, key, rows, self.batch, self.workers)
 
 
 def drain_seconds(estimates: ServiceEstimates, key: LaneKey, rows: int, batch: int, workers: int) -> float:
