@@ -13,6 +13,12 @@ Where schedstat cannot be read (a kernel built without it), the loop's own CPU t
 stands in: it misses the waiting, so on a shared core it reads low and the hold starts later.
 
 Read on the event loop's own thread (the status pass runs there), a few times a second: one small file.
+
+The smoothed value rises at once and falls gradually. A load step out of idle is what the hold is for: a
+router that took half a second to believe a fully busy interval cut small batches meanwhile, and on one
+core at ~0.95 of its capacity the backlog of those batches outlasted a 3 s warm-up (docs/performance.md,
+"The early morning of 2026-12-05"). Falling slowly keeps one quiet interval inside a busy spell (the
+worker's forward took the core) from dropping the hold.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import time
 from collections.abc import Callable
 
 SMOOTHING = 0.5
-"""Weight of the newest interval in the smoothed pressure: a status pass every 0.2 s follows a change
-within about half a second, and one busy pass (a burst, a garbage collection) does not swing the hold."""
+"""Weight of the newest interval in the smoothed pressure when it reads lower than the pressure (an
+interval that reads higher is taken whole): with a status pass every 0.2 s, a fall shows within about half
+a second."""
 
 Times = Callable[[], "tuple[float, float] | None"]
 """Seconds the calling thread has run and waited to run so far; None where the kernel does not say."""
@@ -63,7 +70,7 @@ class CpuPressure:
 
     def sample(self) -> float:
         """Fold in the interval since the previous call (made on the same thread) and return the smoothed
-        pressure; the first call only starts the interval."""
+        pressure (a rise at once, a fall by `SMOOTHING`); the first call only starts the interval."""
         times = None if self._use_fallback else self._times()
         if times is None:
             self._use_fallback = True  # one source throughout: mixing them would read a jump
@@ -72,5 +79,6 @@ class CpuPressure:
         last, self._last = self._last, (now, busy)
         if last is not None and now > last[0]:
             interval = min(1.0, max(0.0, (busy - last[1]) / (now - last[0])))
-            self.value += SMOOTHING * (interval - self.value)
+            weight = 1.0 if interval > self.value else SMOOTHING
+            self.value += weight * (interval - self.value)
         return self.value

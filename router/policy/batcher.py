@@ -61,14 +61,14 @@ from sluice_inference.router.policy.lanes import Lane
 BatchSeconds = Callable[[int], float]
 HEADROOM_FRACTION: Final = 0.5
 HOLD_LEAD_S: Final = 0.0005
+"""A batch for a busy worker is cut this long before the worker is expected to be free, so it is there
+(and staged) when the device becomes idle."""
 PRESSED: Final = 0.5
 """CPU pressure (the event loop's share of the time it runs or waits to run) from which a lane holds its
 batch for fuller ones instead of cutting for an idle worker."""
 SATURATED: Final = 0.9
 """CPU pressure at which the hold is the lane's whole `max_wait` (a loop that wants the CPU this much of
 the time is at its limit: the calls it has not reached yet are queueing)."""
-"""A batch for a busy worker is cut this long before the worker is expected to be free, so it is there
-(and staged) when the device becomes idle."""
 UNDERUSED_BELOW: Final = 0.5
 
 

@@ -31,21 +31,29 @@ def test_pressure_counts_running_and_waiting_for_the_cpu_alike() -> None:
     pressure = CpuPressure(lambda: thread.wall, thread.times)
     assert pressure.sample() == 0.0  # the first sample only starts the interval
     thread.interval(0.2, ran=0.06, waited=0.1)  # wanted the CPU 80 % of the time
-    assert pressure.sample() == pytest.approx(SMOOTHING * 0.8)
+    assert pressure.sample() == pytest.approx(0.8)
     for _ in range(20):
         thread.interval(0.2, ran=0.06, waited=0.1)
         pressure.sample()
     assert pressure.value == pytest.approx(0.8)
 
 
-def test_one_busy_interval_moves_the_pressure_only_part_of_the_way_and_never_past_one() -> None:
+def test_a_busier_interval_is_taken_at_once_and_a_quieter_one_part_of_the_way() -> None:
+    """A load step out of idle must hold batches from the first busy interval on; one quiet interval in
+    a busy spell must not drop the hold."""
     thread = Thread()
     pressure = CpuPressure(lambda: thread.wall, thread.times)
     pressure.sample()
+    thread.interval(0.2, ran=0.02)
+    assert pressure.sample() == pytest.approx(0.1)
     thread.interval(0.2, ran=0.5, waited=0.5)  # more than the interval: a coarse clock, read as all of it
-    assert pressure.sample() == pytest.approx(SMOOTHING)
+    assert pressure.sample() == pytest.approx(1.0)
     thread.interval(0.2, ran=0.0)
-    assert pressure.sample() == pytest.approx(SMOOTHING * (1 - SMOOTHING))
+    assert pressure.sample() == pytest.approx(1 - SMOOTHING)
+    thread.interval(0.2, ran=0.0)
+    assert pressure.sample() == pytest.approx((1 - SMOOTHING) ** 2)
+    thread.interval(0.2, ran=0.18)
+    assert pressure.sample() == pytest.approx(0.9)
 
 
 def test_without_schedstat_the_threads_own_cpu_time_stands_in_for_good() -> None:
@@ -53,9 +61,9 @@ def test_without_schedstat_the_threads_own_cpu_time_stands_in_for_good() -> None
     answers: list[tuple[float, float] | None] = [None]
     pressure = CpuPressure(lambda: thread.wall, lambda: answers[0], fallback=thread.times)
     pressure.sample()
-    thread.interval(0.2, ran=0.2)
+    thread.interval(0.2, ran=0.1)
     answers[0] = (50.0, 50.0)  # schedstat appearing later is not mixed in: its totals would read a jump
-    assert pressure.sample() == pytest.approx(SMOOTHING)
+    assert pressure.sample() == pytest.approx(0.5)
 
 
 def test_the_kernel_reports_this_threads_running_time() -> None:
