@@ -2,7 +2,7 @@
 
 A server process (pinned to one core) answers `ModelInfer` with raw bytes, in one of these modes:
 `aio-ok` (grpc.aio, echo the body), `aio-gated` (grpc.aio in the shape of the router's receive gate,
-router/receive_gate.py: a server interceptor hands every call a request-streaming handler made for it,
+router/receive_gate.py: the method is served by a request-streaming handler, with no server interceptor,
 which reads the body itself with `context.read()` under a per-call timer, then echoes it), `aio-refuse`
 (grpc.aio, refuse with UNAVAILABLE and trailers, as the front door does), `sync-ok` (the thread-pool
 server, echo). The aio modes run on the event loop the router and worker run on (common/event_loop.py:
@@ -61,20 +61,17 @@ async def _aio_server(port: int, refuse: bool, gated: bool, hog_s: float) -> Non
             timer.cancel()
         return body
 
-    class Gate(grpc.aio.ServerInterceptor):
-        async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-            await continuation(details)
-            return grpc.stream_unary_rpc_method_handler(read_then_echo)
-
     def hog() -> None:
         time.sleep(hog_s)
         loop.call_soon(hog)
 
     if hog_s:
         loop.call_soon(hog)
-    server = grpc.aio.server(interceptors=[Gate()] if gated else None)
+    server = grpc.aio.server()
     methods: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-        METHOD: grpc.unary_unary_rpc_method_handler(handler)
+        METHOD: grpc.stream_unary_rpc_method_handler(read_then_echo)
+        if gated
+        else grpc.unary_unary_rpc_method_handler(handler)
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
     server.add_insecure_port(f"127.0.0.1:{port}")

@@ -1,9 +1,10 @@
 """Refusing a call before its request is read: the one mechanism behind the router's and the worker's
-auth interceptors.
+auth gates (the router's receive gate, router/receive_gate.py; the worker's `GateInterceptor`).
 
-A grpc.aio server interceptor sees the method and the metadata before any request byte is read. To
-refuse there cheaply we return a *request-streaming* handler whose behaviour aborts at once and never
-iterates the request stream, so gRPC reads (and buffers) nothing of the body. Measured: a unary
+A grpc.aio server interceptor, and a generic handler asked for a method's handler, see the method and the
+metadata before any request byte is read. To refuse there cheaply we return a *request-streaming*
+handler whose behaviour aborts at once and never iterates the request stream, so gRPC reads (and
+buffers) nothing of the body. Measured: a unary
 handler that aborts still reads the whole message first (16 key-less 60 MB bodies took a router from
 40 MB to 1.4 GB RSS), and raising inside the interceptor answers UNKNOWN. The abort goes through
 `sluice_inference.common.grpc_errors.abort`, so the status, message and reason trailer are the same as

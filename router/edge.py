@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
@@ -199,8 +199,19 @@ def _handler(
     )
 
 
+class Services(Protocol):
+    """Where a service's handlers are added: a grpc.aio server, or the router's gate in front of one
+    (router/receive_gate.py `GatedServer`)."""
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Serve these handlers."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Register these methods of `service` with gRPC (a queue of their own in its core)."""
+
+
 def add_service(
-    server: grpc.aio.Server,
+    server: Services,
     service: ServiceDescriptor,
     servicer: object,
     bodies: MalformedBodies,
@@ -225,7 +236,7 @@ class GenericOnly:
     also has a queue of its own in gRPC core: so the inference methods (`QUEUED_APART`) stay registered,
     and probes, metadata and admin calls do not wait behind an inference backlog (nor it behind them)."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: Services) -> None:
         self._server = server
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:

@@ -52,7 +52,7 @@ from sluice_inference.router.policy.catalog import ModelCatalog
 from sluice_inference.router.policy.core import RouterCore
 from sluice_inference.router.policy.door import Door
 from sluice_inference.router.queue_probe import QueueProbe
-from sluice_inference.router.receive_gate import ReceiveGate
+from sluice_inference.router.receive_gate import GatedServer, ReceiveGate
 from sluice_inference.router.servicer import InferenceServicer, RouterAdminServicer
 from sluice_inference.router.status import INFERENCE_SERVICE, StatusLoop
 from sluice_inference.router.stores.from_config import cache_store, idempotency_store, redis_options
@@ -227,9 +227,10 @@ class RouterServer:
             desired_workers=self.status.desired_workers,
             clock=self.clock,
         )
-        add_service(server, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
-        add_service(server, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
-        generic = cast(grpc.aio.Server, GenericOnly(server))  # the generated code calls its two add_* only
+        gated = GatedServer(server, self.receives)  # the auth gate too: a call it refuses never takes a slot
+        add_service(gated, INFERENCE_DESCRIPTOR, inference, self.malformed, door)
+        add_service(gated, admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"], admin, self.malformed)
+        generic = cast(grpc.aio.Server, GenericOnly(gated))  # the generated code calls its two add_* only
         health_pb2_grpc.add_HealthServicer_to_server(self.health, generic)
         # Operator tools find routers in etcd: this proves to them who answers before they send an admin key.
         identity = router_identity_servicer(
@@ -244,7 +245,7 @@ class RouterServer:
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
-            server,  # one registered method: it tells a grpc.aio server from a sync one by its type
+            server,  # it tells a grpc.aio server from a sync one by its type; an always-open service
         )
 
     async def start(self) -> None:
@@ -264,7 +265,6 @@ class RouterServer:
         settings = self.config.router
         size = settings.max_message_bytes
         server = grpc.aio.server(
-            interceptors=[self.receives],  # the auth gate too: a call it refuses never takes a slot
             options=[
                 *SERVER_KEEPALIVE_OPTIONS,
                 *SERVER_QUEUE_OPTIONS,

@@ -2,11 +2,9 @@
 
 A body is charged to the in-flight byte budget (router/policy/budget.py) only once gRPC has received all
 of it; until then gRPC holds what has arrived, up to `router.max_message_bytes` per call. In grpc.aio
-1.85 a server interceptor runs once a call's headers are in and before any of its message is requested
-(`_handle_rpc` finds the handler, interceptors included, then `_handle_unary_unary_rpc` receives the
-message), and a request-streaming handler reads nothing until it asks for a message. So this gate
-puts each tenant call behind a request-streaming handler that takes a slot before asking gRPC for the
-body:
+1.85 a unary handler runs only once its call's message is in, while a request-streaming handler reads
+nothing until it asks for a message. So this gate puts each tenant call behind a request-streaming
+handler that takes a slot before asking gRPC for the body:
 
 - `ModelInfer`: at most `router.tenant_max_receives` bodies of one tenant arrive at once. A call beyond
   them waits, unread, for up to `RECEIVE_SLOT_WAIT_S` (bursts of small calls pass through in turn), then
@@ -21,12 +19,18 @@ body:
 The router's own queue probe (router/queue_probe.py, marked by its per-process token) passes untouched:
 it measures how long calls wait for the router's code, and must not queue behind a tenant's slots.
 
-The gate is also the client port's auth gate (router/auth.py, through common/grpc_gate.py's `refusal`): one
-interceptor, not two in a chain, since each link of grpc.aio's chain costs every call a coroutine of its own.
+The gate is also the client port's auth gate (router/auth.py, through common/grpc_gate.py's `refusal`),
+and it is no server interceptor: grpc.aio runs an interceptor chain as coroutines of its own for every
+call (~5 µs of CPU a call, docs/performance.md). Every handler goes in through `GatedServer` instead:
+gRPC asks a generic handler for a method's handler synchronously, with the call's metadata and before
+anything of the call is read, so the check runs right there (`_Checked`); the two inference methods,
+registered with gRPC (router/edge.py `QUEUED_APART`), are served by request-streaming handlers that run
+the check first, then the slots.
 
 Invariant: a slot is taken and given back by the handler that holds it, in the same task, however the call
-ends; a call the auth check refuses never reaches a slot. The tenant is named by the same API key the
-data plane authenticates; a key that no longer authenticates goes on to the handler, which refuses it.
+ends; a call the auth check refuses is refused before anything of it is read and never reaches a slot. The
+tenant is named by the same API key the data plane authenticates; a key that no longer authenticates goes
+on to the handler, which refuses it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeAlias
 
 import grpc
@@ -50,7 +53,7 @@ from sluice_inference.common.errors import (
     Unauthenticated,
 )
 from sluice_inference.common.grpc_errors import abort
-from sluice_inference.common.grpc_gate import CallCheck, refusal
+from sluice_inference.common.grpc_gate import CallCheck, is_open, refusal
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.edge import PASSED_DOOR, PROBE_KEY, FrontDoor
 from sluice_inference.router.kserve_codec import api_key
@@ -139,9 +142,9 @@ def _give_up(waiter: asyncio.Future[bool]) -> None:
         waiter.set_result(False)
 
 
-class ReceiveGate(grpc.aio.ServerInterceptor):
-    """Refuses the calls `check` refuses before anything of them is read, and puts `ModelInfer` and
-    `ModelStreamInfer` behind their tenant's receive and stream slots."""
+class ReceiveGate:
+    """Refuses the calls `check` refuses before anything of them is read, and serves `ModelInfer` and
+    `ModelStreamInfer` behind their tenant's receive and stream slots (module docstring)."""
 
     def __init__(
         self,
@@ -165,39 +168,32 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         self.reads = ReadDeadlines(clock)
         """The receive timeout of each `ModelInfer` body being read."""
         self._timeout_s = receive_timeout_s
-        self._gated: tuple[Handler, Handler] | None = None
-        """The `ModelInfer` handler gRPC hands over, and the gated one made for it (`_gated_unary`)."""
         self.door: FrontDoor | None = None
         """The front door, asked before a `ModelInfer` body is read (set once the door exists)."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        """Refuse what `check` refuses (nothing of it read); wrap the two tenant inference methods; pass
-        everything else through."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None  # UNIMPLEMENTED
-        method = handler_call_details.method
-        metadata = handler_call_details.invocation_metadata or ()
+    def checked(self, method: str, metadata: Any, handler: Handler) -> Handler:
+        """`handler`, or a refusal that reads nothing when `check` refuses the call."""
         try:
             self._check(method, metadata)
         except (Unauthenticated, PermissionDenied) as err:
             return refusal(handler, err)
-        if self._probe in metadata:
-            return handler  # the router's own queue probe: an empty body, answered before it is parsed
-        if method == INFER and handler.unary_unary is not None:
-            GATED_CALL.set((self._tenant(metadata), metadata))
-            return self._gated_unary(handler)
-        if method == STREAM and handler.stream_stream is not None:
-            return self._gated_stream(handler, self._tenant(metadata))
         return handler
 
+    def registered(self, method: str, handler: Handler) -> Handler:
+        """The handler gRPC serves a registered method with: `ModelInfer` and `ModelStreamInfer` behind
+        the check and their slots, the always-open services as they are. gRPC reads a registered unary
+        method's request before any code of ours runs, so any other method is refused here."""
+        if method == INFER and handler.unary_unary is not None:
+            return self._gated_unary(handler)
+        if method == STREAM and handler.stream_stream is not None:
+            return self._gated_stream(handler)
+        if is_open(method):
+            return handler
+        raise ValueError(f"{method}: only the inference methods are registered behind the receive gate")
+
     def _tenant(self, metadata: Any) -> str:
-        """The tenant the call's key names (the metadata the interceptor already has: cheaper than the
-        context's copy), through the keys the gate, the door and the data plane share."""
+        """The tenant the call's key names, through the keys the gate, the door and the data plane
+        share."""
         try:
             return self._keys.authenticate(api_key(metadata)).name
         except SluiceError:
@@ -208,23 +204,27 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         self._metrics.rejected(err, tenant, None)
         await abort(context, err)
 
+    async def _checked_call(self, context: Any, method: str) -> Any:
+        """The call's metadata, once `check` let it through (else the call ends with the refusal)."""
+        metadata = context.invocation_metadata() or ()
+        try:
+            self._check(method, metadata)
+        except (Unauthenticated, PermissionDenied) as err:
+            await abort(context, err)
+        return metadata
+
     def _gated_unary(self, handler: Handler) -> Handler:
-        """`ModelInfer` behind the door and its tenant's receive slots: one handler for every call (made
-        once per handler gRPC hands over, which is always the same one), the call's tenant and metadata
-        passed in `GATED_CALL`. A handler made per call cost ~5 µs of CPU a call (bench/grpc_floor.py's
-        gate shape at 1,200 calls a second, four alternating pairs)."""
-        if self._gated is not None and self._gated[0] is handler:
-            return self._gated[1]
+        """`ModelInfer` behind the check, the door and its tenant's receive slots: one handler for every
+        call, which reads the call's tenant from its metadata."""
         serve = handler.unary_unary
         assert serve is not None
 
         async def receive_then_serve(_requests: AsyncIterator[Any], context: Any) -> Any:
             arrived = self._clock.now()
-            call = GATED_CALL.get()
-            if call is None:  # not run in the interceptor's context: read the call's own metadata
-                metadata = context.invocation_metadata() or ()
-                call = (self._tenant(metadata), metadata)
-            tenant, metadata = call
+            metadata = await self._checked_call(context, INFER)
+            if self._probe in metadata:  # the router's own queue probe: an empty body, answered at once
+                return await serve(await context.read(), context)
+            tenant = self._tenant(metadata)
             head = None if self.door is None else await self.door.enter(metadata, context)
             if not await self.receives.take(tenant, min(RECEIVE_SLOT_WAIT_S, self._timeout_s)):
                 await self._refuse(context, tenant, _busy(self.receives.cap))
@@ -242,19 +242,18 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
             finally:
                 PASSED_DOOR.reset(passed)
 
-        gated = grpc.stream_unary_rpc_method_handler(
+        return grpc.stream_unary_rpc_method_handler(
             receive_then_serve,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-        self._gated = (handler, gated)
-        return gated
 
-    def _gated_stream(self, handler: Handler, tenant: str) -> Handler:
+    def _gated_stream(self, handler: Handler) -> Handler:
         serve: Any = handler.stream_stream  # an async generator function (grpc-stubs type it as sync)
         assert serve is not None
 
         async def within_share(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            tenant = self._tenant(await self._checked_call(context, STREAM))
             if not self.streams.try_take(tenant):
                 await self._refuse(context, tenant, _too_many_streams(self.streams.cap))
             try:
@@ -272,9 +271,41 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         )
 
 
-GATED_CALL: ContextVar[tuple[str, Any] | None] = ContextVar("sluice_gated_call", default=None)
-"""The tenant and metadata of the `ModelInfer` call the interceptor has just let through, for the handler
-it returns: gRPC runs both in the call's own task, so the handler sees what the interceptor set."""
+class _Checked(grpc.GenericRpcHandler):
+    """A generic handler whose handlers pass the gate's check first: gRPC asks it synchronously, with the
+    call's metadata, before anything of the call is read."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, gate: ReceiveGate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
+        """The method's handler, or a refusal standing in for it; None (UNIMPLEMENTED) when there is none."""
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        details = handler_call_details
+        return self._gate.checked(details.method, details.invocation_metadata, handler)
+
+
+class GatedServer:
+    """A grpc.aio server as the router's services are added to it: every handler goes in behind the gate
+    (generic handlers through `_Checked`, registered methods through `ReceiveGate.registered`)."""
+
+    def __init__(self, server: grpc.aio.Server, gate: ReceiveGate) -> None:
+        self._server = server
+        self._gate = gate
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Serve these handlers, each call checked before anything of it is read."""
+        self._server.add_generic_rpc_handlers(tuple(_Checked(handler, self._gate) for handler in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
+        """Register these methods with gRPC, behind the gate."""
+        gated = {name: self._gate.registered(f"/{service}/{name}", h) for name, h in handlers.items()}
+        self._server.add_registered_method_handlers(service, gated)
+
+
 _TIMED_OUT = object()
 """Marks a body that did not arrive in time (`grpc.aio.EOF` is gRPC's end of the request stream)."""
 
