@@ -173,11 +173,16 @@ class ReceiveGate:
 
     def checked(self, method: str, metadata: Any, handler: Handler) -> Handler:
         """`handler`, or a refusal that reads nothing when `check` refuses the call."""
+        refused = self._refused(method, metadata)
+        return handler if refused is None else refusal(handler, refused)
+
+    def _refused(self, method: str, metadata: Any) -> Unauthenticated | PermissionDenied | None:
+        """Why `check` refuses the call, or None when it may go on."""
         try:
             self._check(method, metadata)
         except (Unauthenticated, PermissionDenied) as err:
-            return refusal(handler, err)
-        return handler
+            return err
+        return None
 
     def registered(self, method: str, handler: Handler) -> Handler:
         """The handler gRPC serves a registered method with: `ModelInfer` and `ModelStreamInfer` behind
@@ -207,10 +212,9 @@ class ReceiveGate:
     async def _checked_call(self, context: Any, method: str) -> Any:
         """The call's metadata, once `check` let it through (else the call ends with the refusal)."""
         metadata = context.invocation_metadata() or ()
-        try:
-            self._check(method, metadata)
-        except (Unauthenticated, PermissionDenied) as err:
-            await abort(context, err)
+        refused = self._refused(method, metadata)
+        if refused is not None:
+            await abort(context, refused)
         return metadata
 
     def _gated_unary(self, handler: Handler) -> Handler:
