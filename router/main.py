@@ -19,7 +19,7 @@ from typing import cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from sluice_inference.common import compiled_core
@@ -237,15 +237,19 @@ class RouterServer:
             self.config.cluster, lambda: self.router_id or "starting", self.clock
         )
         worker_pb2_grpc.add_ClusterIdentityServicer_to_server(identity, generic)
-        reflection.enable_server_reflection(
-            (
-                INFERENCE_SERVICE,
-                admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
-                worker_pb2.DESCRIPTOR.services_by_name["ClusterIdentity"].full_name,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
+        # The aio servicer through the generic handler, as `enable_server_reflection` would register it:
+        # an always-open service, on the server itself, and without a request-call queue of its own.
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
+            reflection.aio.ReflectionServicer(
+                (
+                    INFERENCE_SERVICE,
+                    admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+                    worker_pb2.DESCRIPTOR.services_by_name["ClusterIdentity"].full_name,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                )
             ),
-            server,  # it tells a grpc.aio server from a sync one by its type; an always-open service
+            cast(grpc.aio.Server, GenericOnly(server)),
         )
 
     async def start(self) -> None:

@@ -5,11 +5,12 @@ admin open.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sluice_inference.common.grpc_errors import REASON_KEY
 from sluice_inference.common.pb.inference import grpc_service_pb2 as kserve
@@ -92,6 +93,17 @@ async def test_probes_stay_open_on_a_keyed_router(make_router: MakeRouter) -> No
         assert (await stub.ServerLive(kserve.ServerLiveRequest(), timeout=5)).live
         await stub.ServerReady(kserve.ServerReadyRequest(), timeout=5)
         assert (await stub.ServerMetadata(kserve.ServerMetadataRequest(), timeout=5)).name == "sluice"
+
+
+async def test_reflection_stays_open_and_lists_the_services(make_router: MakeRouter) -> None:
+    """Reflection (for grpcurl and generic clients) answers without a key on a keyed router."""
+    router = await keyed_router(make_router)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        stub: Any = reflection_pb2_grpc.ServerReflectionStub(cast(Any, channel))  # stubs type a sync channel
+        asked = reflection_pb2.ServerReflectionRequest(list_services="")
+        answers = [answer async for answer in stub.ServerReflectionInfo(iter([asked]), timeout=5)]
+    listed = {service.name for service in answers[0].list_services_response.service}
+    assert {"inference.GRPCInferenceService", "sluice.v1.RouterAdmin", "grpc.health.v1.Health"} <= listed
 
 
 async def test_model_metadata_and_ready_respect_the_tenants_models(
