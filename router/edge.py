@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
@@ -39,6 +39,7 @@ from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.kserve_codec import CallHead, read_head
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.door import RETRY_AFTER_S, Door
+from sluice_inference.router.policy.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -157,24 +158,39 @@ class FrontDoor:
         key that does not authenticate (the client port's gate refuses those first; without it the data
         plane refuses them, with the reason, if the door lets them in)."""
         try:
-            return min(self.levels, self.keys.authenticate(head.api_key).settings.default_priority)
+            tenant = self.keys.authenticate(head.api_key)
         except SluiceError:
             return self.levels
+        return self.level_of(tenant)
+
+    def level_of(self, tenant: Tenant | None) -> int:
+        """`level` for a caller already authenticated (None: its key did not authenticate)."""
+        return self.levels if tenant is None else min(self.levels, tenant.settings.default_priority)
 
     def refused(self, level: int) -> None:
         """Count one refusal at `level`."""
         self.metrics.door_refusals(self.metrics.priority_label(level)).inc()
 
+    def admits(self, level: int) -> bool:
+        """Whether a client call ranked at `level` passes the door now (a refusal is counted)."""
+        self.arrived()
+        if self.door.admit(level):
+            return True
+        self.refused(level)
+        return False
+
+    @staticmethod
+    async def turn_away(context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
+        """End a call the door refused: UNAVAILABLE `router_overloaded`, with the retry hint."""
+        await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
+
     async def enter(self, metadata: Any, context: grpc.aio.ServicerContext[Any, Any]) -> CallHead:
         """Admit a client call through the door, or end it UNAVAILABLE `router_overloaded`: all it needs
-        is the call's metadata, so the client port's receive gate asks before it reads the body (a
-        refusal then costs no body, no parse and no receive slot)."""
-        self.arrived()
+        is the call's metadata, so a refusal costs no body and no parse. (The client port's receive gate
+        asks `admits` itself, with the tenant it has authenticated, before it reads the body.)"""
         head = read_head(metadata)
-        level = self.level(head)
-        if not self.door.admit(level):
-            self.refused(level)
-            await context.abort(_OVERLOADED_CODE, OVERLOADED.message, trailing_metadata=_OVERLOADED_TRAILERS)
+        if not self.admits(self.level(head)):
+            await self.turn_away(context)
         return head
 
 

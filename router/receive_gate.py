@@ -56,8 +56,9 @@ from sluice_inference.common.grpc_errors import abort
 from sluice_inference.common.grpc_gate import CallCheck, is_open, refusal
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.edge import PASSED_DOOR, PROBE_KEY, FrontDoor
-from sluice_inference.router.kserve_codec import api_key
+from sluice_inference.router.kserve_codec import CallHead, read_head
 from sluice_inference.router.metrics import RouterMetrics
+from sluice_inference.router.policy.tenants import Tenant
 from sluice_inference.router.read_deadlines import ReadDeadlines
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
@@ -196,13 +197,13 @@ class ReceiveGate:
             return handler
         raise ValueError(f"{method}: only the inference methods are registered behind the receive gate")
 
-    def _tenant(self, metadata: Any) -> str:
-        """The tenant the call's key names, through the keys the gate, the door and the data plane
-        share."""
+    def _tenant(self, head: CallHead) -> Tenant | None:
+        """The tenant the call's key names (None: it names none), through the keys the gate, the door and
+        the data plane share."""
         try:
-            return self._keys.authenticate(api_key(metadata)).name
+            return self._keys.authenticate(head.api_key)
         except SluiceError:
-            return UNKNOWN_TENANT
+            return None
 
     async def _refuse(self, context: Any, tenant: str, err: SluiceError) -> None:
         """End the call with `err`, counted with the data plane's refusals (`sluice_router_rejections`)."""
@@ -228,8 +229,12 @@ class ReceiveGate:
             metadata = await self._checked_call(context, INFER)
             if self._probe in metadata:  # the router's own queue probe: an empty body, answered at once
                 return await serve(await context.read(), context)
-            tenant = self._tenant(metadata)
-            head = None if self.door is None else await self.door.enter(metadata, context)
+            head = read_head(metadata)
+            known = self._tenant(head)
+            door = self.door
+            if door is not None and not door.admits(door.level_of(known)):
+                await door.turn_away(context)
+            tenant = UNKNOWN_TENANT if known is None else known.name
             if not await self.receives.take(tenant, min(RECEIVE_SLOT_WAIT_S, self._timeout_s)):
                 await self._refuse(context, tenant, _busy(self.receives.cap))
             try:
@@ -257,7 +262,8 @@ class ReceiveGate:
         assert serve is not None
 
         async def within_share(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            tenant = self._tenant(await self._checked_call(context, STREAM))
+            known = self._tenant(read_head(await self._checked_call(context, STREAM)))
+            tenant = UNKNOWN_TENANT if known is None else known.name
             if not self.streams.try_take(tenant):
                 await self._refuse(context, tenant, _too_many_streams(self.streams.cap))
             try:
