@@ -47,9 +47,11 @@ MALFORMED_LOG_INTERVAL_S = 10.0
 DOORED_METHODS = {"ModelInfer": "infer_from_head"}
 """Methods whose calls pass the front door before their body is parsed, and the servicer method that
 serves them past it: `(request, context, head: CallHead, body_bytes: int)`."""
-QUEUED_APART = frozenset({"ModelInfer", "ModelStreamInfer"})
+QUEUED_APART = frozenset({"ModelInfer"})
 """Methods registered with gRPC, each queued in core apart from the others: client inference calls. The
-router's queue probe (router/queue_probe.py) measures the wait in `ModelInfer`'s own queue."""
+router's queue probe (router/queue_probe.py) measures the wait in `ModelInfer`'s own queue. Not
+`ModelStreamInfer`: a stream is one call for many requests, and each registered method costs every
+call gRPC takes (`GenericOnly`)."""
 OVERLOADED = Unavailable(
     "the router is overloaded (calls wait too long to reach it): retry after the hint, or on another router",
     reason="router_overloaded",
@@ -249,8 +251,8 @@ class GenericOnly:
     waits on all of them (`asyncio.wait`: a callback added to and removed from each) for every call it
     takes: the router's 16 registered methods cost ~15 µs of CPU per call (a bare grpc.aio call costs
     ~0.40 ms; micro-measured, bare server with and without 16 registered methods). A registered method
-    also has a queue of its own in gRPC core: so the inference methods (`QUEUED_APART`) stay registered,
-    and probes, metadata and admin calls do not wait behind an inference backlog (nor it behind them)."""
+    also has a queue of its own in gRPC core: so `ModelInfer` (`QUEUED_APART`) stays registered, and
+    probes, metadata and admin calls do not wait behind an inference backlog (nor it behind them)."""
 
     def __init__(self, server: Services) -> None:
         self._server = server

@@ -23,9 +23,10 @@ The gate is also the client port's auth gate (router/auth.py, through common/grp
 and it is no server interceptor: grpc.aio runs an interceptor chain as coroutines of its own for every
 call (~5 µs of CPU a call, docs/performance.md). Every handler goes in through `GatedServer` instead:
 gRPC asks a generic handler for a method's handler synchronously, with the call's metadata and before
-anything of the call is read, so the check runs right there (`_Checked`); the two inference methods,
-registered with gRPC (router/edge.py `QUEUED_APART`), are served by request-streaming handlers that run
-the check first, then the slots.
+anything of the call is read, so the check runs right there (`_Checked`), and `ModelStreamInfer`'s
+handler comes back behind its tenant's stream slots; `ModelInfer`, registered with gRPC (router/edge.py
+`QUEUED_APART`), is served by a request-streaming handler that runs the check first, then the door and
+the slots.
 
 Invariant: a slot is taken and given back by the handler that holds it, in the same task, however the call
 ends; a call the auth check refuses is refused before anything of it is read and never reaches a slot. The
@@ -173,9 +174,14 @@ class ReceiveGate:
         """The front door, asked before a `ModelInfer` body is read (set once the door exists)."""
 
     def checked(self, method: str, metadata: Any, handler: Handler) -> Handler:
-        """`handler`, or a refusal that reads nothing when `check` refuses the call."""
+        """`handler` (`ModelStreamInfer`'s behind its tenant's stream slots), or a refusal that reads
+        nothing when `check` refuses the call."""
         refused = self._refused(method, metadata)
-        return handler if refused is None else refusal(handler, refused)
+        if refused is not None:
+            return refusal(handler, refused)
+        if method == STREAM and handler.stream_stream is not None:
+            return self._within_share(handler)
+        return handler
 
     def _refused(self, method: str, metadata: Any) -> Unauthenticated | PermissionDenied | None:
         """Why `check` refuses the call, or None when it may go on."""
@@ -186,16 +192,14 @@ class ReceiveGate:
         return None
 
     def registered(self, method: str, handler: Handler) -> Handler:
-        """The handler gRPC serves a registered method with: `ModelInfer` and `ModelStreamInfer` behind
-        the check and their slots, the always-open services as they are. gRPC reads a registered unary
-        method's request before any code of ours runs, so any other method is refused here."""
+        """The handler gRPC serves a registered method with: `ModelInfer` behind the check, the door and
+        its slots, the always-open services as they are. gRPC reads a registered unary method's request
+        before any code of ours runs, so any other method is refused here."""
         if method == INFER and handler.unary_unary is not None:
             return self._gated_unary(handler)
-        if method == STREAM and handler.stream_stream is not None:
-            return self._gated_stream(handler)
         if is_open(method):
             return handler
-        raise ValueError(f"{method}: only the inference methods are registered behind the receive gate")
+        raise ValueError(f"{method}: only ModelInfer is registered behind the receive gate")
 
     def _tenant(self, head: CallHead) -> Tenant | None:
         """The tenant the call's key names (None: it names none), through the keys the gate, the door and
@@ -257,12 +261,13 @@ class ReceiveGate:
             response_serializer=handler.response_serializer,
         )
 
-    def _gated_stream(self, handler: Handler) -> Handler:
+    def _within_share(self, handler: Handler) -> Handler:
+        """`ModelStreamInfer` behind its tenant's stream slots (the check has let the call through)."""
         serve: Any = handler.stream_stream  # an async generator function (grpc-stubs type it as sync)
         assert serve is not None
 
         async def within_share(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            known = self._tenant(read_head(await self._checked_call(context, STREAM)))
+            known = self._tenant(read_head(context.invocation_metadata()))
             tenant = UNKNOWN_TENANT if known is None else known.name
             if not self.streams.try_take(tenant):
                 await self._refuse(context, tenant, _too_many_streams(self.streams.cap))
@@ -282,8 +287,8 @@ class ReceiveGate:
 
 
 class _Checked(grpc.GenericRpcHandler):
-    """A generic handler whose handlers pass the gate's check first: gRPC asks it synchronously, with the
-    call's metadata, before anything of the call is read."""
+    """A generic handler whose handlers pass the gate's check first (`ReceiveGate.checked`): gRPC asks it
+    synchronously, with the call's metadata, before anything of the call is read."""
 
     def __init__(self, inner: grpc.GenericRpcHandler, gate: ReceiveGate) -> None:
         self._inner = inner

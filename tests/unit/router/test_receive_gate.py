@@ -4,6 +4,7 @@ tests/integration/test_slow_clients.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -16,7 +17,7 @@ from sluice_inference.common.serving_settings import TenantSettings
 from sluice_inference.router.auth import TenantKeys
 from sluice_inference.router.metrics import RouterMetrics
 from sluice_inference.router.policy.tenants import TenantDirectory, hash_api_key
-from sluice_inference.router.receive_gate import INFER, GatedServer, ReceiveGate, TenantSlots
+from sluice_inference.router.receive_gate import INFER, STREAM, GatedServer, ReceiveGate, TenantSlots
 
 
 def test_each_tenant_has_its_own_cap_and_an_entry_only_while_it_holds_a_slot() -> None:
@@ -137,12 +138,42 @@ async def test_a_refused_call_is_refused_before_anything_of_it_is_read_or_a_slot
     assert checked.service(missing) is None  # UNIMPLEMENTED, as without the gate
 
 
-def test_only_the_inference_methods_and_open_services_are_registered_behind_the_gate() -> None:
+def test_only_model_infer_and_open_services_are_registered_behind_the_gate() -> None:
     gate = _gate()
     unary: Any = grpc.unary_unary_rpc_method_handler(_echo)
     assert gate.registered("/grpc.health.v1.Health/Check", unary) is unary
-    with pytest.raises(ValueError, match="only the inference methods"):
+    with pytest.raises(ValueError, match="only ModelInfer"):
         gate.registered("/sluice.v1.RouterAdmin/GetStats", unary)
+    with pytest.raises(ValueError, match="only ModelInfer"):
+        gate.registered(STREAM, grpc.stream_stream_rpc_method_handler(_answers))
+
+
+async def _answers(requests: Any, context: object) -> AsyncIterator[str]:
+    async for request in requests:
+        yield request
+
+
+async def test_a_stream_through_the_generic_handler_holds_its_tenants_stream_slot() -> None:
+    gate = _gate()  # one stream per tenant
+    streams: dict[str, Any] = {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(_answers)}
+    inference: Any = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", streams)
+    served = GatedServer(cast(Any, _Server()), gate)
+    served.add_generic_rpc_handlers([inference])
+    [checked] = cast(Any, served)._server.generic
+    details = SimpleNamespace(method=STREAM, invocation_metadata=_metadata("gold"))
+    first, second = checked.service(details), checked.service(details)
+
+    async def requests() -> AsyncIterator[str]:
+        yield "one"
+        assert gate.streams.held == {"gold": 1}  # held while the stream is open
+        with pytest.raises(_Aborted):  # a second stream of the tenant's is refused
+            async for _ in second.stream_stream(None, _Call(gate, _metadata("gold"), "")):
+                pass
+        yield "two"
+
+    stream = first.stream_stream(requests(), _Call(gate, _metadata("gold"), ""))
+    assert [answer async for answer in stream] == ["one", "two"]
+    assert gate.streams.held == {}
 
 
 class _Server:
