@@ -28,7 +28,10 @@ MAX_LOGGED_ID = 128
 
 def loggable_id(value: str) -> str:
     """A client-chosen id as logs may carry it: at most `MAX_LOGGED_ID` characters, escaped to printable
-    ASCII (no line breaks or control characters a client could forge lines with), a cut one ending "…"."""
+    ASCII (no line breaks or control characters a client could forge lines with), a cut one ending "…".
+    Most ids need no escaping: they are returned as they are, without the copies escaping makes."""
+    if len(value) <= MAX_LOGGED_ID and value.isascii() and value.isprintable() and "\\" not in value:
+        return value
     shown = value[:MAX_LOGGED_ID].encode("unicode_escape").decode("ascii")
     return shown + ("…" if len(value) > MAX_LOGGED_ID else "")
 

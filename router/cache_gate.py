@@ -69,11 +69,13 @@ class CacheGate:
         self, tenant: str, record: ModelRecord, decoded: DecodedRequest, parameters: Mapping[str, ParamValue]
     ) -> Lookup:
         """Whether (and under which key) this request uses the cache."""
+        deterministic, enabled = record.deterministic, self._settings.enabled and record.cache
+        # The strikes are asked only where they can matter: most models are not cacheable.
+        banned = (
+            deterministic and enabled and self.strikes.banned(tenant, record.name, self.store.clock.now())
+        )
         use = cache_use(
-            deterministic=record.deterministic,
-            enabled=self._settings.enabled and record.cache,
-            requested=parameters.get("cache"),
-            banned=self.strikes.banned(tenant, record.name, self.store.clock.now()),
+            deterministic=deterministic, enabled=enabled, requested=parameters.get("cache"), banned=banned
         )
         if use is not CacheUse.LOOKUP:
             return _KEYLESS[use]

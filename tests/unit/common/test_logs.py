@@ -37,6 +37,7 @@ def test_outside_a_request_there_is_no_request_or_trace_id() -> None:
 
 def test_a_client_chosen_id_is_cut_and_escaped_before_it_reaches_a_log_line() -> None:
     assert loggable_id("req-1") == "req-1"
+    assert loggable_id("a\\n") == "a\\\\n"  # a backslash is escaped too: no line of it reads as "\n"
     forged = loggable_id('x\n{"level": "CRITICAL"}\x1b[2J')
     assert "\n" not in forged and "\x1b" not in forged and forged.startswith("x\\n")
     long = loggable_id("a" * 20_000)
